@@ -1,0 +1,1 @@
+"""One pytest grader per kata (``<kata>.py``) and the grading engine (``engine/``)."""

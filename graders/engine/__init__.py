@@ -1,0 +1,1 @@
+"""The grading engine: manifests, the sandbox, the adapter graders use, the runner and reports."""

@@ -1,0 +1,114 @@
+"""Judgements graders make about values that came back from the sandbox.
+
+Order matters and is always the same: exact type, then shape, then dtype (and device), then
+values. Each failure raises CheckFailed with the call, the case, what came back and what was
+expected; ``diagnose`` (called only on failure) names the known bug the output matches.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .failures import CheckFailed
+from .learner import Foreign, describe_value
+
+Diagnose = Callable[[], "str | None"] | None
+
+
+def _is_tensor(value) -> bool:
+    return type(value).__module__ == "torch" and type(value).__name__ == "Tensor"
+
+
+def _diagnosis(diagnose: Diagnose) -> str | None:
+    return diagnose() if diagnose is not None else None
+
+
+def fail(message: str, *, diagnose: Diagnose = None, **fields):
+    raise CheckFailed(message, diagnosis=_diagnosis(diagnose), **fields)
+
+
+def that(condition: bool, message: str, *, diagnose: Diagnose = None, **fields):
+    if not condition:
+        fail(message, diagnose=diagnose, **fields)
+
+
+def type_of(got, expected_type: type, *, call: str, case: str | None = None, what: str = "the result"):
+    """``type(got) is expected_type``: subclasses and look-alikes are refused."""
+    if type(got) is not expected_type:
+        name = f"{expected_type.__module__}.{expected_type.__qualname__}".replace("builtins.", "")
+        extra = " Return plain values: subclasses and wrapper objects are not accepted." if isinstance(got, Foreign) else ""
+        fail(f"{what[:1].upper() + what[1:]} has the wrong type.{extra}", call=call, case=case,
+             got=describe_value(got), expected=name)
+
+
+def array(got, expected, *, call: str, case: str | None = None, rtol: float, atol: float,
+          diagnose: Diagnose = None, device: str | None = None, what: str = "the result"):
+    """``got`` equals ``expected`` (a NumPy array or torch tensor) in type, shape, dtype, values."""
+    type_of(got, type(expected), call=call, case=case, what=what)
+    Name = what[:1].upper() + what[1:]
+    if tuple(got.shape) != tuple(expected.shape):
+        fail(f"{Name} has the wrong shape.", call=call, case=case, diagnose=diagnose,
+             got=f"shape {tuple(got.shape)}", expected=f"shape {tuple(expected.shape)}")
+    if got.dtype != expected.dtype:
+        fail(f"{Name} has the wrong dtype.", call=call, case=case, diagnose=diagnose,
+             got=str(got.dtype), expected=str(expected.dtype))
+    if device is not None and _is_tensor(got) and got.device.type != device:
+        fail(f"{Name} is on the wrong device.", call=call, case=case, diagnose=diagnose,
+             got=str(got.device), expected=device)
+    values(got, expected, call=call, case=case, rtol=rtol, atol=atol, diagnose=diagnose, what=what)
+
+
+def as_float64(value) -> np.ndarray:
+    if _is_tensor(value):
+        return value.detach().to("cpu").double().numpy()
+    return np.asarray(value, dtype=np.float64)
+
+
+def mismatch(got, expected, *, rtol: float, atol: float) -> str | None:
+    """None when close (NaN matches NaN, ±inf matches itself); else a sentence saying how far off."""
+    g, e = as_float64(got), as_float64(expected)
+    bad_nan = np.isnan(g) & ~np.isnan(e)
+    if bad_nan.any():
+        return f"{int(bad_nan.sum())} of {g.size} values are NaN where finite values were expected " \
+               f"(first at {_index(np.argwhere(bad_nan)[0])})"
+    bad_inf = np.isinf(g) & ~np.isinf(e)
+    if bad_inf.any():
+        return f"{int(bad_inf.sum())} of {g.size} values are infinite (first at {_index(np.argwhere(bad_inf)[0])})"
+    close = np.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
+    if close.all():
+        return None
+    with np.errstate(invalid="ignore", divide="ignore"):
+        err = np.where(close, 0.0, np.abs(g - e))
+        rel = np.where(close, 0.0, err / np.abs(e))
+    worst = np.unravel_index(np.nanargmax(err), err.shape)
+    return (f"{int((~close).sum())} of {g.size} values differ (rtol {rtol:g}, atol {atol:g}); "
+            f"max abs error {err[worst]:.3g} at {_index(worst)} (got {g[worst]:.6g}, expected {e[worst]:.6g}), "
+            f"max rel error {np.nanmax(rel):.3g}")
+
+
+def values(got, expected, *, call: str, case: str | None = None, rtol: float, atol: float,
+           diagnose: Diagnose = None, what: str = "the result"):
+    problem = mismatch(got, expected, rtol=rtol, atol=atol)
+    if problem is not None:
+        fail(f"{what[:1].upper() + what[1:]} does not match the reference: {problem}.", call=call, case=case,
+             diagnose=diagnose, got=describe_value(got), expected=describe_value(expected))
+
+
+def _index(index) -> str:
+    return "[" + ", ".join(str(int(i)) for i in index) + "]"
+
+
+def same(a, b, *, rtol: float, atol: float) -> bool:
+    """Loose structural equality for matching outputs against bug oracles."""
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(same(x, y, rtol=rtol, atol=atol) for x, y in zip(a, b))
+    if isinstance(a, (np.ndarray, np.generic, float, int)) or _is_tensor(a):
+        if not (isinstance(b, (np.ndarray, np.generic, float, int)) or _is_tensor(b)):
+            return False
+        if tuple(np.shape(a)) != tuple(np.shape(b)):
+            return False
+        if (_is_tensor(a) and a.device.type == "meta") or (_is_tensor(b) and b.device.type == "meta"):
+            return _is_tensor(a) and _is_tensor(b) and a.device == b.device and a.dtype == b.dtype
+        return mismatch(a, b, rtol=rtol, atol=atol) is None
+    return a == b if type(a) is type(b) else False

@@ -1,0 +1,43 @@
+"""What a check raises when it does not pass. The runner turns these into per-check reports."""
+from __future__ import annotations
+
+
+class CheckFailed(AssertionError):
+    """The learner's code was judged wrong.
+
+    ``message`` is one sentence; the optional fields are shown as labelled lines (the call, the
+    case, what came back, what was expected) and ``diagnosis`` is a code from the kata's manifest.
+    """
+
+    status = "failed"
+
+    def __init__(self, message: str, *, call: str | None = None, case: str | None = None,
+                 got: str | None = None, expected: str | None = None, diagnosis: str | None = None,
+                 output: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.call, self.case, self.got, self.expected = call, case, got, expected
+        self.diagnosis = diagnosis
+        self.output = output
+
+    def details(self) -> list[tuple[str, str]]:
+        return [(label, value) for label, value in (("call", self.call), ("case", self.case),
+                                                    ("got", self.got), ("expected", self.expected)) if value]
+
+    def text(self) -> str:
+        return "\n".join([self.message, *(f"{label}: {value}" for label, value in self.details())])
+
+
+class NotStarted(CheckFailed):
+    """The learner's code raised NotImplementedError: the stub is untouched there."""
+
+
+class LearnerRaised(CheckFailed):
+    """The learner's code raised an exception (other than NotImplementedError)."""
+
+
+class SandboxFailed(CheckFailed):
+    """The check could not judge the code: it timed out, crashed, exhausted memory, or the
+    learner's file could not be loaded."""
+
+    status = "error"

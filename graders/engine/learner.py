@@ -1,0 +1,319 @@
+"""The one way graders reach the learner's code: a proxy over the sandbox.
+
+``learner.softmax(x, axis=1)`` calls the learner's function in the sandbox and returns plain
+values: NumPy arrays, torch tensors (rebuilt here from ``.npy`` data, on the device they were on),
+Python scalars, lists, tuples and dicts. Anything else (a module instance, say) comes back as a
+``Remote`` whose methods can be called the same way. Input tensors are sent to ``learner.device``.
+
+Every reply is untrusted data: it is decoded strictly, arrays are read with ``allow_pickle=False``,
+and a value whose type is not plain (a tensor subclass, an object with a lying ``__eq__``) arrives
+as a ``Foreign`` placeholder that fails every type check.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+
+import numpy as np
+
+from .failures import LearnerRaised, NotStarted, SandboxFailed
+from .sandbox import LoadError, SandboxError, describe_error
+
+PLAIN_TENSOR_TYPES = ("torch.Tensor", "torch.nn.parameter.Parameter")
+
+
+class Foreign:
+    """A value that came back as something other than plain data."""
+
+    def __init__(self, type_name: str, text: str = ""):
+        self.type_name, self.text = type_name, text
+
+    def __repr__(self):
+        return f"<{self.type_name}>"
+
+
+class Remote:
+    """An object living in the sandbox (e.g. the learner's nn.Module instance)."""
+
+    def __init__(self, learner: Learner, handle: int, type_name: str, label: str):
+        self._learner, self._handle, self.type_name, self._label = learner, handle, type_name, label
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Member(self._learner, self._handle, [name], f"{self._label}.{name}")
+
+    def __call__(self, *args, **kwargs):
+        return self._learner._call((self._handle, ["__call__"]), args, kwargs, self._label)
+
+    def __repr__(self):
+        return f"<{self.type_name} in the sandbox>"
+
+
+class _Member:
+    def __init__(self, learner, handle, path, label):
+        self._learner, self._handle, self._path, self._label = learner, handle, path, label
+
+    def __call__(self, *args, **kwargs):
+        return self._learner._call((self._handle, self._path), args, kwargs, self._label)
+
+    def echo(self, *args, **kwargs):
+        """Call, and also return the arguments as the call left them: ``(result, args, kwargs)``."""
+        return self._learner._call((self._handle, self._path), args, kwargs, self._label, echo=True)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Member(self._learner, self._handle, [*self._path, name], f"{self._label}.{name}")
+
+
+class Learner:
+    """Proxy for the learner's module. Used by graders through the ``learner`` fixture."""
+
+    def __init__(self, sandbox, device: str = "cpu", seed: int = 0):
+        self._sandbox, self.device, self.seed = sandbox, device, seed
+        self._recording = None
+        self._printed = []
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _Member(self, None, [name], name)
+
+    @property
+    def file_name(self) -> str:
+        return self._sandbox.file_name
+
+    @property
+    def source(self) -> str:
+        return self._sandbox.source_text.decode("utf-8", "replace")
+
+    def names(self) -> list[str]:
+        """Public names the learner's file defines (loads it first)."""
+        return list(self._load()["names"])
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Record the torch functions that run inside calls made in this block."""
+        ops = []
+        self._recording = ops
+        try:
+            yield ops
+        finally:
+            self._recording = None
+
+    def take_output(self) -> str:
+        """What the learner's code printed since the last call of this (capped in the sandbox)."""
+        text, self._printed = "".join(self._printed), []
+        return text[:16384]
+
+    def get(self, remote: Remote, attribute: str):
+        """The value of an attribute of a sandbox object, e.g. ``learner.get(model, "training")``."""
+        return self._request({"op": "getattr", "target": [remote._handle, [attribute]]}, [],
+                             f"{remote._label}.{attribute}")
+
+    def module_info(self, remote: Remote) -> dict:
+        """Parameters, buffers, state_dict keys and training flag of a sandbox nn.Module."""
+        return self._request({"op": "module_info", "target": [remote._handle, []]}, [],
+                             f"inspecting {remote._label}")
+
+    # --- the wire --------------------------------------------------------------------------------
+
+    def _load(self):
+        try:
+            return self._sandbox.ensure_loaded()
+        except LoadError as exc:
+            raise SandboxFailed(f"Your file could not be loaded: {exc}") from None
+
+    def _call(self, target, args, kwargs, label, echo=False):
+        blobs = []
+        header = {"op": "call", "target": [target[0], target[1]], "seed": self.seed,
+                  "args": [self._encode(a, blobs) for a in args],
+                  "kwargs": {k: self._encode(v, blobs) for k, v in kwargs.items()},
+                  "record": self._recording is not None, "echo": echo}
+        return self._request(header, blobs, call_text(label, args, kwargs), label, echo=echo)
+
+    def _request(self, header, blobs, what, label=None, echo=False):
+        self._load()
+        try:
+            reply, reply_blobs = self._sandbox.request(header, blobs, what=what)
+        except SandboxError as exc:
+            raise SandboxFailed(str(exc)[:1].upper() + str(exc)[1:], call=what) from None
+        output = _output(reply)
+        self._printed.append(output)
+        if self._recording is not None and isinstance(reply.get("ops"), list):
+            self._recording.extend(op for op in reply["ops"] if isinstance(op, dict))
+        if not reply.get("ok"):
+            error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+            name = (label or what).split("(")[0]
+            if error.get("missing"):
+                raise LearnerRaised(f"Your file has no {name!r} (or it lacks an attribute the call needs): "
+                                    f"{error.get('message', '')}", call=what, output=output)
+            if error.get("not_implemented"):
+                raise NotStarted(f"{name} is not implemented yet (it raises NotImplementedError).",
+                                 call=what, output=output)
+            raise LearnerRaised(describe_error(error, what), call=what, output=output)
+        try:
+            value = self._decode(reply.get("value"), reply_blobs)
+            if echo:
+                args_after, kwargs_after = self._decode(reply["args_after"], reply_blobs)
+                return value, args_after, kwargs_after
+            return value
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise SandboxFailed(f"The sandbox sent a malformed value ({exc}).", call=what) from None
+
+    def _encode(self, value, blobs):
+        if isinstance(value, Remote):
+            return {"handle": value._handle}
+        if value is None or type(value) in (bool, int, str):
+            return value
+        if type(value) is float:
+            return {"float": repr(value)}
+        if type(value) in (list, tuple):
+            return {type(value).__name__: [self._encode(v, blobs) for v in value]}
+        if type(value) is dict:
+            return {"dict": {k: self._encode(v, blobs) for k, v in value.items()}}
+        if isinstance(value, np.ndarray):
+            return {"ndarray": _npy(value, blobs)}
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            device = "meta" if value.device.type == "meta" else self.device
+            data = None
+            if value.device.type != "meta":
+                cpu = value.detach().cpu()
+                data = _npy((cpu.float() if cpu.dtype == torch.bfloat16 else cpu).numpy(), blobs)
+            return {"tensor": data, "dtype": str(value.dtype), "device": device,
+                    "shape": list(value.shape), "requires_grad": bool(value.requires_grad)}
+        if isinstance(value, torch.dtype):
+            return {"torch_dtype": str(value)}
+        if isinstance(value, torch.device):
+            return {"torch_device": str(value)}
+        raise TypeError(f"cannot send {type(value).__name__} to the sandbox")
+
+    def _decode(self, value, blobs):
+        if value is None or type(value) in (bool, int, str):
+            return value
+        if type(value) is not dict:
+            raise ValueError(f"unexpected {type(value).__name__}")
+        if "float" in value:
+            return float(str(value["float"]))
+        if "list" in value:
+            return [self._decode(v, blobs) for v in _list(value["list"])]
+        if "tuple" in value:
+            return tuple(self._decode(v, blobs) for v in _list(value["tuple"]))
+        if "dict" in value:
+            if not isinstance(value["dict"], dict):
+                raise ValueError("bad dict")
+            return {str(k): self._decode(v, blobs) for k, v in value["dict"].items()}
+        if "ndarray" in value:
+            return _array(blobs[value["ndarray"]])
+        if "npscalar" in value:
+            return _array(blobs[value["npscalar"]])[()]
+        if "handle" in value:
+            if type(value["handle"]) is not int:
+                raise ValueError("bad handle")
+            type_name = str(value.get("type", "object"))
+            return Remote(self, value["handle"], type_name, type_name.rsplit(".", 1)[-1])
+        if "tensor" in value:
+            return self._tensor(value, blobs)
+        import torch
+
+        if "torch_dtype" in value:
+            return _torch_dtype(torch, value["torch_dtype"])
+        if "torch_device" in value:
+            return torch.device(str(value["torch_device"]))
+        raise ValueError(f"unknown value tag {sorted(value)[:3]}")
+
+    def _tensor(self, value, blobs):
+        import torch
+
+        type_name = str(value.get("type"))
+        if type_name not in PLAIN_TENSOR_TYPES:
+            return Foreign(type_name, "a tensor subclass")
+        dtype = _torch_dtype(torch, value["dtype"])
+        device = torch.device(str(value["device"]))
+        shape = [int(s) for s in _list(value["shape"])]
+        if value["tensor"] is None:
+            if device.type != "meta":
+                raise ValueError("tensor without data")
+            return torch.empty(shape, dtype=dtype, device="meta")
+        array = _array(blobs[value["tensor"]])
+        if list(array.shape) != shape:
+            raise ValueError("tensor shape does not match its data")
+        tensor = torch.from_numpy(array).to(dtype)
+        if device.type == "cuda" and torch.cuda.is_available():
+            tensor = tensor.to(device)
+        return tensor
+
+
+def _list(value):
+    if not isinstance(value, list):
+        raise ValueError("expected a list")
+    return value
+
+
+def _npy(array, blobs):
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    blobs.append(buffer.getvalue())
+    return len(blobs) - 1
+
+
+def _array(blob) -> np.ndarray:
+    # read_array only understands the .npy format: no archives, no pickles.
+    array = np.lib.format.read_array(io.BytesIO(blob), allow_pickle=False)
+    if type(array) is not np.ndarray or array.dtype.hasobject:
+        raise ValueError("not a plain array")
+    return array
+
+
+def _torch_dtype(torch, name):
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def _output(reply) -> str:
+    text = reply.get("output") if isinstance(reply.get("output"), str) else ""
+    dropped = reply.get("output_dropped")
+    if type(dropped) is int and dropped > 0:
+        text += f"\n… {dropped:,} more characters of output were dropped."
+    return text
+
+
+def describe_value(value) -> str:
+    """How a value is named in messages: ``float32[3, 4]``, ``tensor float64[2, 5] on cpu``."""
+    if isinstance(value, np.ndarray):
+        return f"ndarray {value.dtype}{list(value.shape)}"
+    if isinstance(value, Foreign):
+        return f"{value.type_name} ({value.text})" if value.text else value.type_name
+    if isinstance(value, Remote):
+        return value.type_name
+    if type(value).__module__ == "torch" and type(value).__name__ in ("Tensor", "Parameter"):
+        return f"tensor {str(value.dtype).removeprefix('torch.')}{list(value.shape)} on {value.device}"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(describe_value(v) for v in value[:4])
+        more = ", …" if len(value) > 4 else ""
+        return f"{type(value).__name__} ({inner}{more})" if isinstance(value, tuple) else f"[{inner}{more}]"
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def call_text(label: str, args, kwargs) -> str:
+    parts = [_arg_text(a) for a in args] + [f"{k}={_arg_text(v)}" for k, v in kwargs.items()]
+    return f"{label}({', '.join(parts)})"
+
+
+def _arg_text(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype}{list(value.shape)}"
+    if type(value).__module__ == "torch" and type(value).__name__ in ("Tensor", "Parameter"):
+        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+    if isinstance(value, dict):
+        return "{…}"
+    return describe_value(value)

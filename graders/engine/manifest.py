@@ -1,0 +1,237 @@
+"""Kata manifests (``katas/<slug>/kata.toml``): parsed strictly, and the only list of katas.
+
+Format 1, every key::
+
+    format = 1                      # required
+    slug = "softmax"                # required, equals the folder name
+    title = "Numerically stable softmax"
+    order = 1                       # position in `kata list`, unique
+    framework = "numpy"             # numpy | torch | python
+    summary = "one line"            # optional
+    banned = ["torch.softmax"]      # optional: library shortcuts the kata forbids
+    timeout_s = 10                  # optional: per check
+    import_timeout_s = 30           # optional: loading the learner's file
+    memory_mb = 2048                # optional: the sandbox's memory cap
+    [files]                         # optional: learner / stub / readme file names
+    [tolerances.float32]            # optional: rtol and atol per dtype
+    [[tasks]]                       # title and hints (progressive, at least one each)
+    [checks]                        # check id = points; ids are the grader's test names
+    [diagnoses.<code>]              # explain and fix: what the learner reads
+    [[followups]]                   # question and answer: interview follow-ups
+"""
+from __future__ import annotations
+
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+FORMAT = 1
+ROOT = Path(__file__).resolve().parents[2]   # the folder that holds katas/, graders/, reference/
+KATAS_DIR = ROOT / "katas"
+FRAMEWORKS = ("numpy", "torch", "python")
+
+
+class ManifestError(Exception):
+    """A manifest that does not follow format 1; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Task:
+    title: str
+    hints: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    code: str
+    explain: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Kata:
+    slug: str
+    title: str
+    order: int
+    framework: str
+    dir: Path
+    summary: str = ""
+    banned: tuple[str, ...] = ()
+    timeout_s: float = 10.0
+    import_timeout_s: float = 30.0
+    memory_mb: int = 2048
+    learner_file: str = ""
+    stub_file: str = "stub.py"
+    readme_file: str = "README.md"
+    tolerances: dict = field(default_factory=dict)
+    tasks: tuple[Task, ...] = ()
+    checks: dict = field(default_factory=dict)
+    diagnoses: dict = field(default_factory=dict)
+    followups: tuple[dict, ...] = ()
+
+    @property
+    def module(self) -> str:
+        return self.slug.replace("-", "_")
+
+    @property
+    def stub_path(self) -> Path:
+        return self.dir / self.stub_file
+
+    @property
+    def readme_path(self) -> Path:
+        return self.dir / self.readme_file
+
+    @property
+    def grader_path(self) -> Path:
+        return ROOT / "graders" / f"{self.module}.py"
+
+    @property
+    def reference_path(self) -> Path:
+        return ROOT / "reference" / f"{self.module}.py"
+
+    @property
+    def hints(self) -> list[str]:
+        return [hint for task in self.tasks for hint in task.hints]
+
+    @property
+    def max_score(self) -> float:
+        return float(sum(self.checks.values()))
+
+    def tolerance(self, dtype) -> dict:
+        """rtol/atol for a dtype name such as "float32" (a NumPy or torch dtype works too)."""
+        name = str(dtype).removeprefix("torch.")
+        if name not in self.tolerances:
+            raise KeyError(f"{self.slug}: kata.toml has no [tolerances.{name}]")
+        return self.tolerances[name]
+
+
+_TOP = {"format", "slug", "title", "order", "framework", "summary", "banned", "timeout_s",
+        "import_timeout_s", "memory_mb", "files", "tolerances", "tasks", "checks", "diagnoses",
+        "followups"}
+_REQUIRED = ("format", "slug", "title", "order", "framework", "tasks", "checks")
+
+
+def _fail(path: Path, message: str):
+    raise ManifestError(f"{path}: {message}")
+
+
+def _keys(path: Path, where: str, table: dict, allowed: set, required=()):
+    for key in table:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            _fail(path, f"unknown key {key!r} in {where}.{hint} Known keys: {', '.join(sorted(allowed))}.")
+    for key in required:
+        if key not in table:
+            _fail(path, f"{where} is missing the required key {key!r}.")
+
+
+def _typed(path: Path, where: str, value, kind, what: str):
+    if kind is float and type(value) is int:
+        value = float(value)
+    if type(value) is not kind:
+        _fail(path, f"{where} must be {what}, not {type(value).__name__} {value!r}.")
+    return value
+
+
+def _strings(path: Path, where: str, value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        _fail(path, f"{where} must be a list of non-empty strings.")
+    return tuple(value)
+
+
+def parse(path: Path) -> Kata:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        _fail(path, f"not valid TOML: {exc}.")
+    _keys(path, "the top level", data, _TOP, _REQUIRED)
+    if data["format"] != FORMAT:
+        _fail(path, f"format = {data['format']!r} is not supported; this kit reads format = {FORMAT}.")
+    slug = _typed(path, "slug", data["slug"], str, "a string")
+    if slug != path.parent.name:
+        _fail(path, f"slug = {slug!r} must equal the folder name {path.parent.name!r}.")
+    framework = data["framework"]
+    if framework not in FRAMEWORKS:
+        _fail(path, f"framework = {framework!r} must be one of {', '.join(FRAMEWORKS)}.")
+
+    files = data.get("files", {})
+    _keys(path, "[files]", files, {"learner", "stub", "readme"})
+    tolerances = {}
+    for dtype, tol in data.get("tolerances", {}).items():
+        _keys(path, f"[tolerances.{dtype}]", tol, {"rtol", "atol"}, ("rtol", "atol"))
+        tolerances[dtype] = {k: _typed(path, f"tolerances.{dtype}.{k}", v, float, "a number")
+                             for k, v in tol.items()}
+
+    tasks = []
+    if not isinstance(data["tasks"], list) or not data["tasks"]:
+        _fail(path, "[[tasks]] must list at least one task.")
+    for i, task in enumerate(data["tasks"], 1):
+        _keys(path, f"[[tasks]] #{i}", task, {"title", "hints"}, ("title", "hints"))
+        tasks.append(Task(_typed(path, f"tasks #{i} title", task["title"], str, "a string"),
+                          _strings(path, f"tasks #{i} hints", task["hints"])))
+
+    checks = {}
+    for check, points in data["checks"].items():
+        points = _typed(path, f"checks.{check}", points, float, "a number of points")
+        if points <= 0:
+            _fail(path, f"checks.{check} = {points} must be positive.")
+        checks[check] = points
+    if not checks:
+        _fail(path, "[checks] must give points to at least one check.")
+
+    diagnoses = {}
+    for code, entry in data.get("diagnoses", {}).items():
+        _keys(path, f"[diagnoses.{code}]", entry, {"explain", "fix"}, ("explain", "fix"))
+        diagnoses[code] = Diagnosis(code, entry["explain"].strip(), entry["fix"].strip())
+
+    followups = []
+    for i, item in enumerate(data.get("followups", []), 1):
+        _keys(path, f"[[followups]] #{i}", item, {"question", "answer"}, ("question", "answer"))
+        followups.append(dict(item))
+
+    return Kata(
+        slug=slug,
+        title=_typed(path, "title", data["title"], str, "a string"),
+        order=_typed(path, "order", data["order"], int, "an integer"),
+        framework=framework,
+        dir=path.parent,
+        summary=_typed(path, "summary", data.get("summary", ""), str, "a string"),
+        banned=_strings(path, "banned", data.get("banned", [])) if data.get("banned") else (),
+        timeout_s=_typed(path, "timeout_s", data.get("timeout_s", 10.0), float, "a number"),
+        import_timeout_s=_typed(path, "import_timeout_s", data.get("import_timeout_s", 30.0), float, "a number"),
+        memory_mb=_typed(path, "memory_mb", data.get("memory_mb", 2048), int, "an integer"),
+        learner_file=files.get("learner", slug.replace("-", "_") + ".py"),
+        stub_file=files.get("stub", "stub.py"),
+        readme_file=files.get("readme", "README.md"),
+        tolerances=tolerances,
+        tasks=tuple(tasks),
+        checks=checks,
+        diagnoses=diagnoses,
+        followups=tuple(followups),
+    )
+
+
+@cache
+def katas(root: Path = KATAS_DIR) -> tuple[Kata, ...]:
+    """Every kata, in order. A broken manifest raises ManifestError naming the file."""
+    found = [parse(p) for p in sorted(root.glob("*/kata.toml"))]
+    seen = {}
+    for kata in found:
+        if kata.order in seen:
+            raise ManifestError(f"{kata.dir / 'kata.toml'}: order = {kata.order} is also used by {seen[kata.order]!r}.")
+        seen[kata.order] = kata.slug
+    return tuple(sorted(found, key=lambda k: k.order))
+
+
+def find(name: str) -> Kata:
+    """A kata by slug; also accepts the learner file name (``causal_mask.py``) or module name."""
+    key = name.removesuffix(".py").replace("_", "-")
+    for kata in katas():
+        if kata.slug == key:
+            return kata
+    close = difflib.get_close_matches(key, [k.slug for k in katas()], n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise LookupError(f"no kata named {name!r}.{hint} `kata list` shows them all.")

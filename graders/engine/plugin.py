@@ -1,0 +1,111 @@
+"""The pytest plugin that connects a kata's grader to one learner file.
+
+Fixtures for graders: ``learner`` (the adapter), ``rng`` (a NumPy generator seeded from the run's
+seed and the check's id, so ``--seed`` replays any check alone), ``kata`` (the manifest), ``bugs``
+(the bug oracles), ``device`` ("cpu" or "cuda"). A check is a ``test_*`` function; its id is the
+name without ``test_``, with ``-`` for ``_``; its name is the first line of its docstring.
+``@pytest.mark.cuda`` checks are skipped, saying why, unless the run's device is CUDA.
+"""
+from __future__ import annotations
+
+import traceback
+import zlib
+
+import numpy as np
+import pytest
+
+from .failures import CheckFailed
+from .learner import Learner
+from .manifest import Kata
+from .oracles import Bugs
+
+
+def check_id(item) -> str:
+    return item.originalname.removeprefix("test_").replace("_", "-")
+
+
+class GradingPlugin:
+    def __init__(self, kata: Kata, sandbox, *, seed: int, device: str):
+        self.kata, self.sandbox, self.seed, self.device = kata, sandbox, seed, device
+        self.adapter = Learner(sandbox, device=device, seed=seed)
+        self.reports: dict[str, dict] = {}
+        self.problems: list[str] = []
+
+    # --- fixtures ---------------------------------------------------------------------------
+
+    @pytest.fixture(scope="session")
+    def learner(self):
+        return self.adapter
+
+    @pytest.fixture
+    def rng(self, request):
+        return np.random.default_rng([self.seed, zlib.crc32(check_id(request.node).encode())])
+
+    @pytest.fixture(scope="session", name="kata")
+    def kata_fixture(self):
+        return self.kata
+
+    @pytest.fixture(scope="session")
+    def bugs(self):
+        return Bugs(self.kata)
+
+    @pytest.fixture(scope="session", name="device")
+    def device_fixture(self):
+        return self.device
+
+    # --- hooks ------------------------------------------------------------------------------
+
+    def pytest_configure(self, config):
+        config.addinivalue_line("markers", "cuda: the check needs a CUDA device")
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.problems.append(f"the grader {self.kata.grader_path.name} could not be collected:\n"
+                                 f"{report.longreprtext}")
+
+    def pytest_collection_modifyitems(self, items):
+        found = [check_id(item) for item in items]
+        missing = sorted(set(self.kata.checks) - set(found))
+        unknown = sorted(set(found) - set(self.kata.checks))
+        if missing or unknown:
+            self.problems.append(
+                f"{self.kata.slug}: the grader's checks and kata.toml's [checks] disagree"
+                + (f"; no test for {', '.join(missing)}" if missing else "")
+                + (f"; no points for {', '.join(unknown)}" if unknown else "") + ".")
+
+    def pytest_runtest_setup(self, item):
+        if item.get_closest_marker("cuda") and self.device != "cuda":
+            pytest.skip("needs a CUDA device: none is present, or the run asked for --device cpu")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        report = outcome.get_result()
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            self.reports[check_id(item)] = self._report(item, call, report)
+
+    def _report(self, item, call, report) -> dict:
+        cid = check_id(item)
+        doc = (item.function.__doc__ or cid).strip().splitlines()[0]
+        points = self.kata.checks.get(cid, 0.0)
+        entry = {"id": cid, "name": doc, "status": "passed", "score": points, "max_score": points,
+                 "message": "", "diagnosis": None, "duration_s": round(report.duration, 3)}
+        printed = self.adapter.take_output()
+        if report.skipped:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            return {**entry, "status": "skipped", "score": 0.0, "max_score": 0.0,
+                    "message": reason.removeprefix("Skipped: ")}
+        if report.passed:
+            return entry
+        exc = call.excinfo.value if call.excinfo else None
+        if isinstance(exc, CheckFailed):
+            entry.update(status=exc.status, message=exc.text(), diagnosis=exc.diagnosis,
+                         not_started=type(exc).__name__ == "NotStarted")
+            printed = exc.output or printed
+        else:
+            where = "".join(traceback.format_exception(exc)[-6:]) if exc else report.longreprtext
+            entry.update(status="error", message=f"Internal error in the grader (not your fault): {where}")
+        if printed:
+            entry["output"] = printed
+        entry["score"] = 0.0
+        return entry

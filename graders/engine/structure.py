@@ -1,0 +1,68 @@
+"""Structural judgements: which library calls a learner's code uses.
+
+Two views, because each alone is easy to miss: the source (names the file imports and calls,
+aliases resolved, read with ``ast`` in the trusted process; the file never runs here) and the
+torch functions recorded while the learner's code ran in the sandbox.
+"""
+from __future__ import annotations
+
+import ast
+
+
+def source_calls(source: str) -> set[str]:
+    """Dotted names the source refers to, with import aliases resolved
+    (``import torch.nn.functional as F; F.softmax`` gives ``torch.nn.functional.softmax``)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    names = set(aliases.values())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Attribute, ast.Name)):
+            dotted = _dotted(node)
+            if dotted:
+                head, _, rest = dotted.partition(".")
+                if head in aliases:
+                    names.add(aliases[head] + (f".{rest}" if rest else ""))
+    return names
+
+
+def _dotted(node) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return None
+
+
+def banned_in_source(source: str, banned) -> list[str]:
+    used = source_calls(source)
+    return [b for b in banned if b in used]
+
+
+def banned_in_ops(ops: list[dict], banned) -> list[str]:
+    """Banned functions among recorded torch calls. A call matches by name within the same top
+    package, so ``x.softmax(-1)`` and ``torch.softmax`` both count as ``torch.softmax``."""
+    found = []
+    for name in banned:
+        root, leaf = name.split(".")[0], name.rsplit(".", 1)[-1]
+        for op in ops:
+            module = str(op.get("module") or "torch")
+            if str(op.get("name")) == leaf and module.split(".")[0] == root:
+                found.append(name)
+                break
+    return found
+
+
+def ops_named(ops: list[dict], name: str) -> list[dict]:
+    return [op for op in ops if op.get("name") == name]

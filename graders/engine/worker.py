@@ -1,0 +1,386 @@
+"""The sandbox worker: the only process in which a learner's code runs.
+
+It is started by path as ``python -I worker.py REQ_FD RESP_FD FRAMEWORK MEMORY_MB`` in an empty
+temporary directory with a scrubbed environment, so it imports nothing from the kit: the trusted
+side imports the wire format from here, never the other way round. It answers requests one at a
+time: load the learner's file, call a function or a method of an object it returned, read an
+attribute, describe a module. Values cross as JSON and ``.npy`` blobs, never pickle.
+
+Nothing in this process is trusted. The learner's code can replace any of it; the trusted side
+parses every reply strictly and judges only plain data.
+"""
+import io
+import json
+import os
+import resource
+import struct
+import sys
+import traceback
+import types
+
+MAX_HEADER = 16 << 20   # bytes of JSON in one frame
+MAX_BLOBS = 1 << 30     # bytes of .npy data in one frame
+OUTPUT_CAP = 16 << 10   # characters of printed output kept per request
+
+
+# --- wire format: frame = 4-byte length, JSON header, then the .npy blobs it lists ---------------
+
+def encode_frame(header, blobs=()):
+    data = json.dumps(dict(header, blobs=[len(b) for b in blobs])).encode()
+    return b"".join([struct.pack(">I", len(data)), data, *blobs])
+
+
+def write_frame(fd, header, blobs=()):
+    view = memoryview(encode_frame(header, blobs))
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_exact(fd, n, wait=None):
+    """Read n bytes; ``wait()``, if given, blocks until fd is readable or raises."""
+    parts, left = [], n
+    while left:
+        if wait is not None:
+            wait()
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the other side closed the channel")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def read_frame(fd, wait=None):
+    (size,) = struct.unpack(">I", read_exact(fd, 4, wait))
+    if size > MAX_HEADER:
+        raise ValueError(f"reply header of {size} bytes is larger than allowed")
+    header = json.loads(read_exact(fd, size, wait))
+    if not isinstance(header, dict) or not isinstance(header.get("blobs"), list):
+        raise ValueError("reply is not a frame")
+    sizes = header["blobs"]
+    if not all(type(s) is int and s >= 0 for s in sizes) or sum(sizes) > MAX_BLOBS:
+        raise ValueError("reply announces invalid or oversized arrays")
+    return header, [read_exact(fd, s, wait) for s in sizes]
+
+
+# --- values ------------------------------------------------------------------------------------
+
+class Codec:
+    """Turns learner values into JSON + .npy blobs, and request arguments back into values.
+
+    Objects that are not plain data (a module, a generator) stay here and cross as handles.
+    """
+
+    def __init__(self):
+        self.objects = {}   # handle -> object
+        self.handles = {}   # id(object) -> handle
+
+    def handle(self, obj):
+        key = id(obj)
+        if key not in self.handles:
+            self.handles[key] = len(self.objects)
+            self.objects[self.handles[key]] = obj
+        return self.handles[key]
+
+    def encode(self, value, blobs):
+        import numpy as np
+
+        if value is None or type(value) in (bool, int, str):
+            return value
+        if type(value) is float:
+            return {"float": repr(value)}
+        if type(value) in (list, tuple):
+            return {type(value).__name__: [self.encode(v, blobs) for v in value]}
+        if isinstance(value, dict) and all(type(k) is str for k in value):
+            return {"dict": {k: self.encode(v, blobs) for k, v in value.items()},
+                    "type": _qualname(value)}
+        if type(value) is np.ndarray and value.dtype != object:
+            return {"ndarray": _npy(value, blobs)}
+        if isinstance(value, np.generic) and type(value).__module__ == "numpy":
+            return {"npscalar": _npy(np.asarray(value), blobs)}
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            if isinstance(value, torch.Tensor):
+                return self._encode_tensor(torch, value, blobs)
+            if isinstance(value, torch.dtype):
+                return {"torch_dtype": str(value)}
+            if isinstance(value, torch.device):
+                return {"torch_device": str(value)}
+        return {"handle": self.handle(value), "type": _qualname(value), "repr": _short_repr(value)}
+
+    def _encode_tensor(self, torch, t, blobs):
+        meta = {"tensor": None, "dtype": str(t.dtype), "device": str(t.device),
+                "shape": list(t.shape), "type": _qualname(t), "requires_grad": bool(t.requires_grad),
+                "contiguous": bool(t.is_contiguous()) if t.layout == torch.strided else False}
+        if t.device.type != "meta":
+            data = t.detach().to("cpu").as_subclass(torch.Tensor)
+            if data.dtype == torch.bfloat16:   # no bfloat16 in NumPy; float32 holds it exactly
+                data = data.float()
+            meta["tensor"] = _npy(data.resolve_conj().resolve_neg().numpy(), blobs)
+        return meta
+
+    def decode(self, value, blobs):
+        if value is None or type(value) in (bool, int, str, float):
+            return value
+        if "float" in value:
+            return float(value["float"])
+        if "list" in value:
+            return [self.decode(v, blobs) for v in value["list"]]
+        if "tuple" in value:
+            return tuple(self.decode(v, blobs) for v in value["tuple"])
+        if "dict" in value:
+            return {k: self.decode(v, blobs) for k, v in value["dict"].items()}
+        if "ndarray" in value:
+            return _load(blobs[value["ndarray"]])
+        if "npscalar" in value:
+            return _load(blobs[value["npscalar"]])[()]
+        if "handle" in value:
+            return self.objects[value["handle"]]
+        import torch
+
+        if "torch_dtype" in value:
+            return getattr(torch, value["torch_dtype"].removeprefix("torch."))
+        if "torch_device" in value:
+            return torch.device(value["torch_device"])
+        if "tensor" in value:
+            dtype = getattr(torch, value["dtype"].removeprefix("torch."))
+            if value["tensor"] is None:
+                return torch.empty(value["shape"], dtype=dtype, device=value["device"])
+            t = torch.from_numpy(_load(blobs[value["tensor"]])).to(dtype)
+            return t.to(value["device"]).requires_grad_(value.get("requires_grad", False))
+        raise ValueError(f"cannot decode {value!r}")
+
+
+def _npy(array, blobs):
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    blobs.append(buffer.getvalue())
+    return len(blobs) - 1
+
+
+def _load(blob):
+    import numpy as np
+
+    return np.load(io.BytesIO(blob), allow_pickle=False)
+
+
+def _qualname(obj):
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _short_repr(obj):
+    try:
+        text = object.__repr__(obj)
+    except Exception:
+        text = "?"
+    return text[:200]
+
+
+# --- what the learner's code prints ------------------------------------------------------------
+
+class CappedWriter(io.TextIOBase):
+    """Keeps the first OUTPUT_CAP characters and counts the rest, so a print flood costs nothing."""
+
+    def __init__(self):
+        self.kept, self.size, self.dropped = [], 0, 0
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        text = str(text)
+        room = OUTPUT_CAP - self.size
+        if room > 0:
+            self.kept.append(text[:room])
+            self.size += len(text[:room])
+        self.dropped += max(0, len(text) - max(room, 0))
+        return len(text)
+
+    def take(self):
+        text, dropped = "".join(self.kept), self.dropped
+        self.kept, self.size, self.dropped = [], 0, 0
+        return text, dropped
+
+
+# --- recording which torch functions ran -------------------------------------------------------
+
+def _summary(value):
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return {"shape": list(value.shape), "dtype": str(value.dtype), "device": str(value.device)}
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if type(value) in (list, tuple):
+        return [_summary(v) for v in value[:8]]
+    return _qualname(value)
+
+
+def _recorder(ops):
+    from torch.overrides import TorchFunctionMode
+
+    class Recorder(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            ops.append({"name": getattr(func, "__name__", repr(func)),
+                        "module": getattr(func, "__module__", None) or "",
+                        "args": [_summary(a) for a in args],
+                        "kwargs": {k: _summary(v) for k, v in kwargs.items()}})
+            return func(*args, **kwargs)
+
+    return Recorder()
+
+
+# --- the server --------------------------------------------------------------------------------
+
+class MissingName(Exception):
+    """The requested function, class or attribute does not exist."""
+
+
+class Worker:
+    def __init__(self, req_fd, resp_fd, framework):
+        self.req_fd, self.resp_fd = req_fd, resp_fd
+        self.framework = framework
+        self.codec = Codec()
+        self.module = None
+        self.source_name = None
+
+    def serve(self):
+        import numpy  # noqa: F401  (the import is the warm-up)
+
+        if self.framework == "torch":
+            import torch
+
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        write_frame(self.resp_fd, {"op": "ready", "pid": os.getpid()})
+        while True:
+            try:
+                request, blobs = read_frame(self.req_fd)
+            except EOFError:
+                return
+            reply, out_blobs = self.handle(request, blobs)
+            write_frame(self.resp_fd, reply, out_blobs)
+
+    def handle(self, request, blobs):
+        op = request.get("op")
+        out = CappedWriter()
+        saved = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = out
+        ops = []
+        reply, out_blobs = {"ok": True}, []
+        try:
+            if request.get("seed") is not None:
+                self.seed(request["seed"])
+            if op == "load":
+                reply["names"] = self.load(request["path"], request["name"])
+            elif op in ("call", "getattr", "module_info"):
+                args, kwargs = [], {}
+                try:
+                    target = self.resolve(request["target"])
+                except AttributeError as exc:
+                    raise MissingName(str(exc)) from None
+                if op == "getattr":
+                    result = target
+                elif op == "module_info":
+                    result = _module_info(target)
+                else:
+                    args = [self.codec.decode(a, blobs) for a in request.get("args", [])]
+                    kwargs = {k: self.codec.decode(v, blobs) for k, v in request.get("kwargs", {}).items()}
+                    if request.get("record") and "torch" in sys.modules:
+                        with _recorder(ops):
+                            result = target(*args, **kwargs)
+                    else:
+                        result = target(*args, **kwargs)
+                reply["value"] = self.codec.encode(result, out_blobs)
+                if request.get("echo"):   # the arguments as the call left them: did it write into them?
+                    reply["args_after"] = self.codec.encode([args, kwargs], out_blobs)
+            else:
+                raise ValueError(f"unknown request {op!r}")
+        except BaseException as exc:  # the learner's exit, recursion or exception is data here
+            reply, out_blobs = {"ok": False, "error": self.describe(exc)}, []
+        finally:
+            sys.stdout, sys.stderr = saved
+        reply["output"], reply["output_dropped"] = out.take()
+        if request.get("record"):
+            reply["ops"] = ops
+        return reply, out_blobs
+
+    def seed(self, seed):
+        import random
+
+        import numpy as np
+
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        if "torch" in sys.modules:
+            sys.modules["torch"].manual_seed(seed)
+
+    def load(self, path, name):
+        # The copy sits in the working directory under the learner's file name, so tracebacks
+        # show "softmax.py", line 12 and linecache finds the source.
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+        self.source_name = os.path.basename(path)
+        code = compile(source, self.source_name, "exec")
+        module = types.ModuleType(name)
+        module.__file__ = os.path.abspath(path)
+        sys.modules[name] = module
+        exec(code, module.__dict__)
+        self.module = module
+        return sorted(k for k in vars(module) if not k.startswith("_"))
+
+    def resolve(self, target):
+        handle, path = target
+        if handle is None and self.module is None:
+            raise RuntimeError("the learner's file is not loaded")
+        obj = self.module if handle is None else self.codec.objects[handle]
+        for part in path:
+            obj = getattr(obj, part)
+        return obj
+
+    def describe(self, exc):
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == self.source_name]
+        where = [{"line": f.lineno, "function": f.name, "text": (f.line or "").strip()} for f in frames]
+        if isinstance(exc, SyntaxError) and exc.filename == self.source_name:
+            where = [{"line": exc.lineno, "function": "<module>", "text": (exc.text or "").strip()}]
+        try:
+            message = str(exc)
+        except BaseException:
+            message = "<the exception's message could not be read>"
+        kind = type(exc)
+        return {"type": kind.__name__, "module": kind.__module__, "message": message[:2000],
+                "where": where[-5:],
+                "not_implemented": isinstance(exc, NotImplementedError),
+                "missing": isinstance(exc, MissingName),
+                "exit": isinstance(exc, SystemExit)}
+
+
+def _module_info(module):
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {_qualname(module)}")
+    return {
+        "type": _qualname(module),
+        "training": bool(module.training),
+        "parameters": {n: [list(p.shape), str(p.dtype), str(p.device)] for n, p in module.named_parameters()},
+        "buffers": {n: [list(b.shape), str(b.dtype), str(b.device)] for n, b in module.named_buffers()},
+        "state_dict": list(module.state_dict().keys()),
+    }
+
+
+def main(argv):
+    req_fd, resp_fd, framework, memory_mb = int(argv[1]), int(argv[2]), argv[3], int(argv[4])
+    if memory_mb > 0:
+        # RLIMIT_AS would break `import torch` (it reserves address space); the data limit does not.
+        limit = memory_mb << 20
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    sys.setrecursionlimit(3000)
+    Worker(req_fd, resp_fd, framework).serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,104 @@
+"""Grader of the softmax kata (KATAS.md §1)."""
+import numpy as np
+
+from graders.engine import expect
+from graders.engine.structure import banned_in_ops, banned_in_source
+from reference.softmax import softmax as reference
+
+SHAPES = [(9,), (4, 7), (2, 5, 6), (2, 3, 4, 5)]
+DTYPES = [np.float64, np.float32]
+
+
+def expected(x, axis):
+    """The reference in float64, cast back to the input's dtype."""
+    return reference(x.astype(np.float64), axis).astype(x.dtype)
+
+
+def check_against_reference(learner, bugs, kata, x, axis, case):
+    got = learner.softmax(x, axis=axis)
+    tol = kata.tolerance(x.dtype)
+    expect.array(got, expected(x, axis), call=f"softmax(x, axis={axis})", case=case, **tol,
+                 diagnose=lambda: bugs.match(got, lambda impl: impl.softmax(x, axis=axis), **tol))
+
+
+def test_matches_reference(learner, bugs, kata, rng):
+    """matches the reference on 1-D to 4-D inputs, every axis, float32 and float64"""
+    for shape in SHAPES:
+        for dtype in DTYPES:
+            x = rng.standard_normal(shape).astype(dtype)
+            for axis in range(-len(shape), len(shape)):
+                check_against_reference(learner, bugs, kata, x, axis,
+                                        f"x: {np.dtype(dtype)} {shape}, standard normal")
+
+
+def test_sums_to_one(learner, bugs, kata, rng):
+    """slices along axis sum to 1"""
+    x = rng.standard_normal((3, 4, 5))
+    tol = kata.tolerance("float64")
+    for axis in (0, 1, 2, -1):
+        got = learner.softmax(x, axis=axis)
+        expect.type_of(got, np.ndarray, call=f"softmax(x, axis={axis})")
+        sums = got.sum(axis=axis)
+        expect.values(sums, np.ones_like(sums), call=f"softmax(x, axis={axis}).sum(axis={axis})",
+                      case="x: float64 (3, 4, 5), standard normal", what="the sums along axis", **tol,
+                      diagnose=lambda: bugs.match(got, lambda impl: impl.softmax(x, axis=axis), **tol))
+
+
+def test_stable_for_large_logits(learner, bugs, kata, rng):
+    """finite and exact for huge logits"""
+    x = rng.standard_normal((4, 7))
+    scales = np.array([1.0, 1e3, 1.0, 1e3])[:, None]
+    cases = [(x + 1000, "x + 1000"), (x * 1e4, "x * 1e4"),
+             (x * scales, "rows whose scales differ by 1e3"), ((x + 1000).astype(np.float32), "float32 x + 1000")]
+    for logits, label in cases:
+        for axis in (-1, 0):
+            check_against_reference(learner, bugs, kata, logits, axis,
+                                    f"{label}: {logits.dtype} {logits.shape}, x standard normal")
+
+
+def test_neg_inf_gets_zero(learner, bugs, kata, rng):
+    """an -inf logit gets weight exactly 0"""
+    for dtype in DTYPES:
+        x = rng.standard_normal((4, 6)).astype(dtype)
+        x[[0, 1, 1, 3], [2, 0, 5, 3]] = -np.inf
+        case = f"x: {np.dtype(dtype)} (4, 6) with -inf at [0, 2], [1, 0], [1, 5], [3, 3]"
+        got = learner.softmax(x, axis=-1)
+        expect.type_of(got, np.ndarray, call="softmax(x, axis=-1)", case=case)
+        weights = got[np.isneginf(x)] if got.shape == x.shape else got
+        expect.that(got.shape == x.shape and np.all(weights == 0), "An -inf logit must get weight exactly 0.",
+                    call="softmax(x, axis=-1)", case=case,
+                    got=f"weights {np.array2string(np.asarray(weights), precision=3)} at the -inf positions",
+                    expected="0.0 at every -inf position")
+        check_against_reference(learner, bugs, kata, x, -1, case)
+
+
+def test_dtype_preserved(learner, rng):
+    """float32 in, float32 out; float64 in, float64 out"""
+    for dtype in DTYPES:
+        x = rng.standard_normal((3, 5)).astype(dtype)
+        got = learner.softmax(x, axis=-1)
+        expect.type_of(got, np.ndarray, call="softmax(x, axis=-1)")
+        expect.that(got.dtype == x.dtype, "The result's dtype differs from the input's.",
+                    call="softmax(x, axis=-1)", case=f"x: {x.dtype} (3, 5)", got=str(got.dtype), expected=str(x.dtype))
+
+
+def test_input_not_modified(learner, rng):
+    """the input array is not modified"""
+    x = rng.standard_normal((3, 5)) * 10
+    for axis in (-1, 0):
+        got, (x_after,), _ = learner.softmax.echo(x, axis=axis)
+        expect.type_of(got, np.ndarray, call=f"softmax(x, axis={axis})")
+        expect.that(np.array_equal(x_after, x), "softmax wrote into its input array.",
+                    call=f"softmax(x, axis={axis})", case="x: float64 (3, 5)",
+                    got="x changed by the call", expected="x left as it was: build new arrays instead of `x -= ...`")
+
+
+def test_banned_api(learner, kata, rng):
+    """no library softmax: written with NumPy"""
+    x = rng.standard_normal((3, 5))
+    learner.softmax(x, axis=-1)   # first call: lets lazy imports happen before recording
+    with learner.recording() as ops:
+        learner.softmax(x, axis=-1)
+    used = banned_in_source(learner.source, kata.banned) + banned_in_ops(ops, kata.banned)
+    expect.that(not used, "softmax uses a library shortcut this kata forbids.", call="softmax(x, axis=-1)",
+                got=", ".join(dict.fromkeys(used)), expected="only NumPy operations", diagnose=lambda: "banned-api")
