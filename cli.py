@@ -1,2 +1,244 @@
+"""The `kata` command: practise attention katas and have them graded.
+
+Thin on purpose: parse the command line, call the engine in graders/engine, render the result.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import click
+
+from graders.engine import manifest
+from graders.engine.manifest import Kata, ManifestError
+from graders.engine.report import bar, render
+from graders.engine.runner import DEVICES, RunnerError, grade, new_seed
+from graders.engine.workspace import Workspace
+
+
+class EnvironmentProblem(click.ClickException):
+    """The kit cannot run here as asked (a broken manifest, no CUDA): exit code 2."""
+
+    exit_code = 2
+
+
+workspace_option = click.option(
+    "--workspace", "-w", type=click.Path(file_okay=False, path_type=Path), envvar="KATA_WORKSPACE",
+    default=".", show_default="current folder, or $KATA_WORKSPACE",
+    help="Folder holding your kata files and the kit's state (.kata/).")
+
+
+def _workspace(path: Path) -> Workspace:
+    ws = Workspace(path)
+    if ws.warning:
+        click.secho(f"warning: {ws.warning}", fg="yellow", err=True)
+    return ws
+
+
+def _kata(name: str) -> Kata:
+    try:
+        return manifest.find(name)
+    except LookupError as exc:
+        raise click.BadParameter(str(exc), param_hint="KATA") from None
+    except ManifestError as exc:
+        raise EnvironmentProblem(str(exc)) from None
+
+
+def _all_katas() -> tuple[Kata, ...]:
+    try:
+        return manifest.katas()
+    except ManifestError as exc:
+        raise EnvironmentProblem(str(exc)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="attention-katas")
 def main():
-    pass
+    """Attention katas: write softmax, masks, multi-head and grouped-query attention from
+    scratch, and be told exactly what is wrong.
+
+    Start with `kata list`, then `kata start softmax` and `kata check softmax`.
+    """
+
+
+@main.command("list")
+@workspace_option
+def list_(workspace):
+    """List every kata in order, with your status and best score."""
+    ws = _workspace(workspace)
+    katas = _all_katas()
+    width = max(len(k.slug) for k in katas)
+    for kata in katas:
+        state = ws.kata_state(kata)
+        if state.get("passed"):
+            status = click.style("passed", fg="green")
+        elif "status" in state:
+            status = state["status"]
+        elif ws.file_for(kata).exists():
+            status = "started"
+        else:
+            status = click.style("-", dim=True)
+        best = (f"{state['best_score']:g}/{kata.max_score:g}" if "best_score" in state else "")
+        click.echo(f"{kata.order:>2}. {kata.slug:<{width}}  {kata.framework:<6}  {kata.title:<44} {status:<11} {best}")
+
+
+@main.command()
+@click.argument("kata_name", metavar="KATA")
+@workspace_option
+def start(kata_name, workspace):
+    """Copy KATA's stub into your workspace and show its task.
+
+    An existing file is never overwritten: you keep your work.
+    """
+    kata = _kata(kata_name)
+    ws = _workspace(workspace)
+    ws.root.mkdir(parents=True, exist_ok=True)
+    target = ws.file_for(kata)
+    if target.exists():
+        click.secho(f"{target} already exists: keeping it (`kata reset {kata.slug}` restores the stub, "
+                    "after a backup).", fg="yellow")
+    else:
+        shutil.copyfile(kata.stub_path, target)
+        click.echo(f"Created {target}")
+    click.echo()
+    click.echo(kata.readme_path.read_text(encoding="utf-8"))
+    click.secho(f"Next: edit {target.name}, then run `kata check {kata.slug}`.", bold=True)
+
+
+@main.command()
+@click.argument("kata_name", metavar="[KATA]", required=False)
+@click.option("--file", "file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Grade this file instead of the workspace's.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result object(s) as JSON, one per line.")
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
+              help="Where your tensors live; auto uses CUDA when present. CUDA-only checks run on CUDA.")
+@click.option("--seed", type=int, help="Replay a run: the same seed draws the same inputs.")
+@workspace_option
+def check(kata_name, file, as_json, device, seed, workspace):
+    """Grade KATA (every started kata if none is given).
+
+    Exit code 0 when everything passed, 1 when a check did not, 2 on a usage or environment error.
+    """
+    ws = _workspace(workspace)
+    if file is not None:
+        if not file.is_file():
+            raise click.BadParameter(f"{file} does not exist.", param_hint="--file")
+        jobs = [(_kata(kata_name or file.name), file)]
+    elif kata_name:
+        kata = _kata(kata_name)
+        path = ws.file_for(kata)
+        if not path.exists():
+            raise click.UsageError(f"{path} does not exist. Run `kata start {kata.slug}` first.")
+        jobs = [(kata, path)]
+    else:
+        jobs = [(k, ws.file_for(k)) for k in _all_katas() if ws.file_for(k).exists()]
+        if not jobs:
+            raise click.UsageError(f"No kata started in {ws.root}. `kata list` shows them; "
+                                   "`kata start softmax` begins the first.")
+    seed = new_seed() if seed is None else seed
+    results = []
+    for kata, path in jobs:
+        try:
+            result = grade(kata, path, seed=seed, device=device)
+        except RunnerError as exc:
+            raise EnvironmentProblem(str(exc)) from None
+        results.append(result)
+        ws.record_result(kata, result)
+        if as_json:
+            click.echo(json.dumps(result))
+        else:
+            click.echo(render(result, kata))
+            click.echo()
+    if not as_json and len(results) > 1:
+        passed = sum(r["status"] == "passed" for r in results)
+        click.echo(f"{passed} of {len(results)} katas passed  {bar(passed, len(results))}")
+    sys.exit(0 if all(r["status"] == "passed" for r in results) else 1)
+
+
+@main.command()
+@click.argument("kata_name", metavar="KATA")
+@workspace_option
+def hint(kata_name, workspace):
+    """Show KATA's next hint: one more each time you ask."""
+    kata = _kata(kata_name)
+    ws = _workspace(workspace)
+    taken = ws.take_hint(kata)
+    if taken is None:
+        click.echo(f"You have seen all {len(kata.hints)} hints of {kata.slug}. "
+                   f"After a pass, `kata solution {kata.slug}` shows the reference.")
+        return
+    number, text = taken
+    task = next(i for i, t in enumerate(kata.tasks, 1) if text in t.hints)
+    click.secho(f"Hint {number}/{len(kata.hints)} (task {task}: {kata.tasks[task - 1].title})", bold=True)
+    click.echo(text)
+
+
+@main.command()
+@click.argument("kata_name", metavar="KATA")
+@click.option("--force", is_flag=True, help="Show it before a pass (asks to confirm).")
+@workspace_option
+def solution(kata_name, force, workspace):
+    """Show KATA's reference solution, once you have passed it."""
+    kata = _kata(kata_name)
+    ws = _workspace(workspace)
+    state = ws.kata_state(kata)
+    if not state.get("passed"):
+        if not force:
+            raise click.ClickException(f"You have not passed {kata.slug} yet: `kata check {kata.slug}` first "
+                                       "(or --force, if you really want to see it now).")
+        click.confirm(f"You have not passed {kata.slug}. Seeing the solution now spoils the kata. Show it?",
+                      abort=True)
+        state["solution_seen_before_pass"] = True
+        ws.save()
+    click.echo(kata.reference_path.read_text(encoding="utf-8"))
+
+
+@main.command()
+@click.argument("kata_name", metavar="KATA")
+@workspace_option
+def reset(kata_name, workspace):
+    """Restore KATA's stub, after backing up your file under .kata/backups/."""
+    kata = _kata(kata_name)
+    ws = _workspace(workspace)
+    target = ws.file_for(kata)
+    if target.exists():
+        saved = ws.backup(target)
+        click.echo(f"Backed up {target.name} to {saved}")
+    ws.root.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(kata.stub_path, target)
+    click.echo(f"Restored the stub in {target}")
+
+
+@main.command()
+@click.argument("kata_name", metavar="[KATA]", required=False)
+@click.option("--seed", type=int, help="Seed for the graded runs (random if not given).")
+def lint(kata_name, seed):
+    """Check the katas' content like code (for authors).
+
+    For each kata: stub and reference share names, signatures and docstrings; every task has a
+    hint; the reference passes with full score; the stub is not-started; every bug oracle is
+    caught with its own diagnosis.
+    """
+    from graders.engine.lint import lint as lint_kata
+
+    katas = [_kata(kata_name)] if kata_name else _all_katas()
+    seed = new_seed() if seed is None else seed
+    click.echo(f"Linting {len(katas)} kata(s) with seed {seed}")
+
+    def show(finding):
+        mark = click.style("✓", fg="green") if finding.ok else click.style("✗", fg="red")
+        click.echo(f"  {mark} {finding.kata}: {finding.what}")
+
+    try:
+        findings = [f for kata in katas for f in lint_kata(kata, seed=seed, progress=show)]
+    except RunnerError as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    problems = [f for f in findings if not f.ok]
+    click.echo(f"lint: {len(findings) - len(problems)} ok, {len(problems)} problem(s)")
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,7 @@ from .failures import LearnerRaised, NotStarted, SandboxFailed
 from .sandbox import LoadError, SandboxError, describe_error
 
 PLAIN_TENSOR_TYPES = ("torch.Tensor", "torch.nn.parameter.Parameter")
+OUTPUT_SHOWN = 8192   # characters of a check's printed output kept in its report
 
 
 class Foreign:
@@ -106,7 +107,9 @@ class Learner:
     def take_output(self) -> str:
         """What the learner's code printed since the last call of this (capped in the sandbox)."""
         text, self._printed = "".join(self._printed), []
-        return text[:16384]
+        if len(text) > OUTPUT_SHOWN:
+            text = text[:OUTPUT_SHOWN] + f"\n… {len(text) - OUTPUT_SHOWN:,} more characters of output were dropped."
+        return text
 
     def get(self, remote: Remote, attribute: str):
         """The value of an attribute of a sandbox object, e.g. ``learner.get(model, "training")``."""

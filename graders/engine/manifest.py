@@ -10,7 +10,7 @@ Format 1, every key::
     summary = "one line"            # optional
     banned = ["torch.softmax"]      # optional: library shortcuts the kata forbids
     timeout_s = 10                  # optional: per check
-    import_timeout_s = 30           # optional: loading the learner's file
+    import_timeout_s = 10           # optional: running the learner's file at import
     memory_mb = 2048                # optional: the sandbox's memory cap
     [files]                         # optional: learner / stub / readme file names
     [tolerances.float32]            # optional: rtol and atol per dtype
@@ -60,7 +60,7 @@ class Kata:
     summary: str = ""
     banned: tuple[str, ...] = ()
     timeout_s: float = 10.0
-    import_timeout_s: float = 30.0
+    import_timeout_s: float = 10.0
     memory_mb: int = 2048
     learner_file: str = ""
     stub_file: str = "stub.py"
@@ -201,7 +201,7 @@ def parse(path: Path) -> Kata:
         summary=_typed(path, "summary", data.get("summary", ""), str, "a string"),
         banned=_strings(path, "banned", data.get("banned", [])) if data.get("banned") else (),
         timeout_s=_typed(path, "timeout_s", data.get("timeout_s", 10.0), float, "a number"),
-        import_timeout_s=_typed(path, "import_timeout_s", data.get("import_timeout_s", 30.0), float, "a number"),
+        import_timeout_s=_typed(path, "import_timeout_s", data.get("import_timeout_s", 10.0), float, "a number"),
         memory_mb=_typed(path, "memory_mb", data.get("memory_mb", 2048), int, "an integer"),
         learner_file=files.get("learner", slug.replace("-", "_") + ".py"),
         stub_file=files.get("stub", "stub.py"),

@@ -19,9 +19,37 @@ from .learner import Learner
 from .manifest import Kata
 from .oracles import Bugs
 
+RUN = pytest.StashKey["GradingPlugin"]()
+
 
 def check_id(item) -> str:
     return item.originalname.removeprefix("test_").replace("_", "-")
+
+
+@pytest.fixture(scope="session")
+def learner(request):
+    return request.config.stash[RUN].adapter
+
+
+@pytest.fixture
+def rng(request):
+    seed = request.config.stash[RUN].seed
+    return np.random.default_rng([seed, zlib.crc32(check_id(request.node).encode())])
+
+
+@pytest.fixture(scope="session")
+def kata(request):
+    return request.config.stash[RUN].kata
+
+
+@pytest.fixture(scope="session")
+def bugs(request):
+    return Bugs(request.config.stash[RUN].kata)
+
+
+@pytest.fixture(scope="session")
+def device(request):
+    return request.config.stash[RUN].device
 
 
 class GradingPlugin:
@@ -31,31 +59,10 @@ class GradingPlugin:
         self.reports: dict[str, dict] = {}
         self.problems: list[str] = []
 
-    # --- fixtures ---------------------------------------------------------------------------
-
-    @pytest.fixture(scope="session")
-    def learner(self):
-        return self.adapter
-
-    @pytest.fixture
-    def rng(self, request):
-        return np.random.default_rng([self.seed, zlib.crc32(check_id(request.node).encode())])
-
-    @pytest.fixture(scope="session", name="kata")
-    def kata_fixture(self):
-        return self.kata
-
-    @pytest.fixture(scope="session")
-    def bugs(self):
-        return Bugs(self.kata)
-
-    @pytest.fixture(scope="session", name="device")
-    def device_fixture(self):
-        return self.device
-
     # --- hooks ------------------------------------------------------------------------------
 
     def pytest_configure(self, config):
+        config.stash[RUN] = self
         config.addinivalue_line("markers", "cuda: the check needs a CUDA device")
 
     def pytest_collectreport(self, report):

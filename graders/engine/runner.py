@@ -83,6 +83,7 @@ def _status(checks: list[dict], load_failed: bool) -> str:
 def _run_pytest(kata: Kata, sandbox: Sandbox, seed: int, device: str) -> dict:
     import pytest
 
+    from . import plugin as fixtures
     from .plugin import GradingPlugin
 
     plugin = GradingPlugin(kata, sandbox, seed=seed, device=device)
@@ -92,7 +93,7 @@ def _run_pytest(kata: Kata, sandbox: Sandbox, seed: int, device: str) -> dict:
         code = pytest.main([str(kata.grader_path), "-p", "no:terminal", "-p", "no:cacheprovider",
                             "-p", "no:warnings", "--noconftest", "-c", os.devnull,
                             "--rootdir", str(ROOT / "graders"), "-o", "python_files=*.py"],
-                           plugins=[plugin])
+                           plugins=[plugin, fixtures])
     finally:
         os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
         os.environ.update({k: v for k, v in saved.items() if v is not None})

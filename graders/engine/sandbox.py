@@ -22,6 +22,7 @@ from . import worker as wire
 
 WORKER = Path(wire.__file__)
 STARTUP_TIMEOUT_S = 120.0   # importing torch on a cold, busy machine
+MAX_TIMEOUTS = 2
 
 
 class SandboxError(Exception):
@@ -64,6 +65,7 @@ class Sandbox:
         self.loaded = None          # the load reply, once loaded
         self.load_error = None      # a LoadError, once loading failed: never retried
         self.stderr_tail = b""
+        self.timeouts = 0
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -132,7 +134,7 @@ class Sandbox:
             reply, _ = self._exchange(({"op": "load", "path": self.file_name, "name": self.module_name}, []),
                                       self.import_timeout_s, f"importing {self.file_name}")
         except SandboxError as exc:
-            self.load_error = LoadError(_load_message(exc, self.file_name))
+            self.load_error = LoadError(_load_message(exc, self.file_name, self.import_timeout_s))
             self.close()
             raise self.load_error from None
         if not reply.get("ok"):
@@ -146,11 +148,18 @@ class Sandbox:
     # --- requests ----------------------------------------------------------------------------
 
     def request(self, header: dict, blobs: list, timeout_s: float | None = None, what: str = "the call"):
-        """Send one request; returns (reply, blobs). After a SandboxError the worker is restarted."""
+        """Send one request; returns (reply, blobs). After a SandboxError the worker is restarted.
+
+        After MAX_TIMEOUTS timed-out requests the rest are refused at once, so an endless loop
+        costs the learner seconds, not a timeout for every check."""
+        if self.timeouts >= MAX_TIMEOUTS:
+            raise SandboxError("timeout", f"{what} was not run: {self.timeouts} earlier calls timed out "
+                               "(an endless loop?), so the remaining checks are not run. Fix that first.")
         self.ensure_loaded()
         try:
             return self._exchange((header, blobs), timeout_s or self.timeout_s, what)
-        except SandboxError:
+        except SandboxError as exc:
+            self.timeouts += exc.kind == "timeout"
             self.restart()
             raise
 
@@ -222,9 +231,9 @@ class Sandbox:
         return SandboxError("crash", f"the sandbox process {how} during {what}.{detail}")
 
 
-def _load_message(exc: SandboxError, file_name: str) -> str:
+def _load_message(exc: SandboxError, file_name: str, timeout_s: float) -> str:
     if exc.kind == "timeout":
-        return (f"importing {file_name} did not finish within the time limit: code at the top level "
+        return (f"importing {file_name} did not finish within {timeout_s:g} s: code at the top level "
                 "of the file runs at import, so move long work into functions.")
     if exc.kind == "crash":
         return f"importing {file_name} ended the process: {exc}"

@@ -1,0 +1,116 @@
+"""Author checks (`kata lint`): content is checked like code.
+
+For each kata: its files exist; stub and reference define the same names with the same
+signatures and docstrings; every task has a hint; the manifest's diagnoses are exactly the bug
+oracles' codes; the reference passes with full score; the stub comes out not-started; and every
+bug oracle fails with its own diagnosis code.
+"""
+from __future__ import annotations
+
+import ast
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .manifest import Kata
+from .oracles import Bugs
+from .runner import grade
+
+
+@dataclass
+class Finding:
+    kata: str
+    ok: bool
+    what: str
+
+
+def api(source: str) -> dict[str, tuple]:
+    """Public top-level functions and classes (with their public methods, ``__init__`` and
+    ``forward``): name -> (signature, docstring)."""
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+            found[node.name] = _describe(node)
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and (not item.name.startswith("_") or item.name == "__init__"):
+                        found[f"{node.name}.{item.name}"] = _describe(item)
+    return found
+
+
+def _describe(node) -> tuple:
+    if isinstance(node, ast.ClassDef):
+        signature = "(" + ", ".join(ast.unparse(b) for b in node.bases) + ")"
+    else:
+        signature = f"({ast.unparse(node.args)})" + (f" -> {ast.unparse(node.returns)}" if node.returns else "")
+    return signature, ast.get_docstring(node)
+
+
+def check_api(kata: Kata) -> list[Finding]:
+    stub = api(kata.stub_path.read_text(encoding="utf-8"))
+    ref = api(kata.reference_path.read_text(encoding="utf-8"))
+    findings = []
+    for name in sorted(set(stub) | set(ref)):
+        if name not in stub or name not in ref:
+            where = "stub" if name not in stub else "reference"
+            findings.append(Finding(kata.slug, False, f"{name} is missing from the {where}"))
+        elif stub[name][0] != ref[name][0]:
+            findings.append(Finding(kata.slug, False, f"{name}: stub signature {stub[name][0]} "
+                                                      f"differs from the reference's {ref[name][0]}"))
+        elif stub[name][1] != ref[name][1]:
+            findings.append(Finding(kata.slug, False, f"{name}: stub and reference docstrings differ"))
+    if not findings:
+        findings.append(Finding(kata.slug, True, f"stub and reference share {len(ref)} names, "
+                                                 "signatures and docstrings"))
+    return findings
+
+
+def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Finding]:
+    findings: list[Finding] = []
+
+    def add(ok: bool, what: str):
+        findings.append(Finding(kata.slug, ok, what))
+        progress(findings[-1])
+
+    for path in (kata.readme_path, kata.stub_path, kata.reference_path, kata.grader_path,
+                 kata.reference_path.with_name(f"{kata.module}_bugs.py")):
+        if not path.exists():
+            add(False, f"missing file {path}")
+    if findings:
+        return findings
+    for finding in check_api(kata):
+        findings.append(finding)
+        progress(finding)
+    bare = [t.title for t in kata.tasks if not t.hints]
+    add(not bare, "every task has a hint" if not bare else f"tasks without a hint: {', '.join(bare)}")
+
+    bugs = Bugs(kata)
+    documented, oracles = set(kata.diagnoses), set(bugs.codes)
+    add(documented == oracles,
+        f"{len(oracles)} diagnoses, each with a bug oracle and an explanation" if documented == oracles else
+        f"diagnoses without an oracle: {sorted(documented - oracles) or 'none'}; "
+        f"oracles without [diagnoses] entry: {sorted(oracles - documented) or 'none'}")
+
+    with tempfile.TemporaryDirectory(prefix="kata-lint-") as tmp:
+        def run(source: str) -> dict:
+            path = Path(tmp) / kata.learner_file
+            path.write_text(source, encoding="utf-8")
+            return grade(kata, path, seed=seed, device="cpu")
+
+        result = run(f"from reference.{kata.module} import *  # noqa: F403\n")
+        full = result["status"] == "passed" and result["score"] == kata.max_score
+        add(full, f"reference passes with full score {result['score']:g}/{kata.max_score:g}" if full else
+            f"reference scores {result['score']:g}/{kata.max_score:g} ({result['status']}): "
+            + "; ".join(f"{c['id']}: {c['message'].splitlines()[0]}" for c in result["checks"] if c["status"] != "passed"))
+
+        result = grade(kata, kata.stub_path, seed=seed, device="cpu")
+        add(result["status"] == "not-started", f"stub is {result['status']}")
+
+        for code in bugs.codes:
+            result = run(bugs.shim(code))
+            caught = result["status"] == "failed" and code in result["diagnoses"]
+            others = [d for d in result["diagnoses"] if d != code]
+            add(caught, f"bug oracle {code}: {result['status']} {result['score']:g}/{result['max_score']:g}, "
+                        f"diagnosed {code}" + (f" (also {', '.join(others)})" if others else "")
+                if caught else f"bug oracle {code}: {result['status']} with diagnoses {result['diagnoses'] or 'none'}")
+    return findings

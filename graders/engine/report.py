@@ -1,0 +1,83 @@
+"""Rendering a result for people: what failed, on which call and case, what came back, what was
+expected, the diagnosis and its fix; then a summary line and a progress bar."""
+from __future__ import annotations
+
+import click
+
+from .manifest import Kata
+
+MARKS = {"passed": ("✓", "green"), "failed": ("✗", "red"), "error": ("!", "red"), "skipped": ("-", "yellow")}
+LABELS = ("call", "case", "got", "expected")
+BAR = 20
+
+
+def _points(x: float) -> str:
+    return f"{x:g}"
+
+
+def bar(done: int, total: int, width: int = BAR) -> str:
+    filled = round(width * done / total) if total else 0
+    return "█" * filled + "░" * (width - filled)
+
+
+def render(result: dict, kata: Kata) -> str:
+    lines = [click.style(f"{kata.slug} · {kata.title}", bold=True)
+             + f"   seed {result['seed']} · {result['device']} · {result['duration_s']:.2f} s · {result['file']}"]
+    status = result["status"]
+    if status == "error":
+        first = result["checks"][0]["message"] if result["checks"] else ""
+        lines += ["", click.style("  Your file could not be graded.", fg="red", bold=True), *_indent(first, 4)]
+    elif status == "not-started":
+        lines += ["", f"  Not started: every check reached code that still raises NotImplementedError.",
+                  f"  Edit {kata.learner_file} and run `kata check {kata.slug}` again; `kata hint {kata.slug}` helps."]
+    else:
+        lines.append("")
+        width = max(len(c["id"]) for c in result["checks"])
+        for check in result["checks"]:
+            lines += _check_lines(check, kata, width)
+    counted = [c for c in result["checks"] if c["status"] != "skipped"]
+    passed = sum(c["status"] == "passed" for c in counted)
+    colour = {"passed": "green", "failed": "red", "error": "red", "not-started": "yellow"}[status]
+    lines += ["", f"  {click.style(status.upper(), fg=colour, bold=True)}  "
+                  f"{_points(result['score'])}/{_points(result['max_score'])} points  "
+                  f"{bar(passed, len(counted))}  {passed} of {len(counted)} checks passed"]
+    skipped = len(result["checks"]) - len(counted)
+    if skipped:
+        lines.append(f"  {skipped} check(s) skipped (see above); they do not count here.")
+    if result["diagnoses"]:
+        lines.append(f"  Diagnoses: {', '.join(result['diagnoses'])}")
+    if status in ("failed", "error"):
+        lines.append(f"  Replay exactly this run: kata check {kata.slug} --seed {result['seed']}")
+    return "\n".join(lines)
+
+
+def _check_lines(check: dict, kata: Kata, width: int) -> list[str]:
+    mark, colour = MARKS[check["status"]]
+    points = f"{_points(check['score'])}/{_points(kata.checks.get(check['id'], check['max_score']))}"
+    lines = [f"  {click.style(mark, fg=colour)} {check['id']:<{width}}  {check['name']}  {click.style(points, dim=True)}"]
+    if check["status"] == "passed":
+        return lines
+    if check["status"] == "skipped":
+        return lines + [f"      skipped: {check['message']}"]
+    message, *details = check["message"].splitlines()
+    lines += _indent(message, 6)
+    for line in details:
+        label, sep, value = line.partition(": ")
+        if sep and label in LABELS:
+            lines.append(f"      {click.style(f'{label:<9}', dim=True)} {value}")
+        else:
+            lines.append(f"      {line}")
+    code = check.get("diagnosis")
+    if code:
+        diagnosis = kata.diagnoses.get(code)
+        lines.append(f"      {click.style('diagnosis', fg='yellow')} {click.style(code, fg='yellow', bold=True)}")
+        if diagnosis:
+            lines += _indent(diagnosis.explain, 16) + [f"      {'fix':<9} {diagnosis.fix}"]
+    if check.get("output"):
+        lines.append(f"      {'printed':<9} (your code's output during this check)")
+        lines += _indent(check["output"].rstrip()[:2000], 16)
+    return lines
+
+
+def _indent(text: str, n: int) -> list[str]:
+    return [" " * n + line for line in str(text).splitlines()]

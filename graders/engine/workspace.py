@@ -1,0 +1,110 @@
+"""The learner's workspace: their kata files, and the kit's state under ``.kata/``.
+
+The state (``.kata/state.json``) records, per kata, the last status, best score, hints seen and
+whether it was ever passed. It is written atomically (a temporary file, then ``os.replace``). A
+corrupt state file is reported, kept aside as ``state.corrupt-<time>.json``, and replaced.
+Nothing in the workspace is overwritten without a backup under ``.kata/backups/``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from .manifest import Kata
+
+STATE_FORMAT = 1
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+class Workspace:
+    def __init__(self, root: Path | str):
+        self.root = Path(root).expanduser().resolve()
+        self.meta = self.root / ".kata"
+        self.state_path = self.meta / "state.json"
+        self.warning: str | None = None
+        self._corrupt = False
+        self.state = self._load()
+
+    def file_for(self, kata: Kata) -> Path:
+        return self.root / kata.learner_file
+
+    def kata_state(self, kata: Kata) -> dict:
+        return self.state["katas"].setdefault(kata.slug, {})
+
+    # --- state -------------------------------------------------------------------------------
+
+    def _load(self) -> dict:
+        empty = {"format": STATE_FORMAT, "katas": {}}
+        if not self.state_path.exists():
+            return empty
+        try:
+            state = json.loads(self.state_path.read_text(encoding="utf-8"))
+            if not (isinstance(state, dict) and state.get("format") == STATE_FORMAT
+                    and isinstance(state.get("katas"), dict)
+                    and all(isinstance(v, dict) for v in state["katas"].values())):
+                raise ValueError("not a format-1 state object")
+            return state
+        except (ValueError, UnicodeDecodeError, OSError) as exc:
+            self._corrupt = True
+            self.warning = (f"{self.state_path} is unreadable ({exc}); starting from an empty state. "
+                            "It will be kept aside when the state is next saved.")
+            return empty
+
+    def save(self):
+        self.meta.mkdir(parents=True, exist_ok=True)
+        if self._corrupt and self.state_path.exists():
+            os.replace(self.state_path, self.meta / f"state.corrupt-{time.strftime('%Y%m%d-%H%M%S')}.json")
+            self._corrupt = False
+        fd, tmp = tempfile.mkstemp(dir=self.meta, prefix=".state-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(self.state, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state_path)
+
+    def record_result(self, kata: Kata, result: dict):
+        entry = self.kata_state(kata)
+        entry["status"] = result["status"]
+        entry["last_checked"] = _now()
+        entry["last_score"] = result["score"]
+        entry["max_score"] = result["max_score"]
+        entry["best_score"] = max(float(entry.get("best_score", 0.0)), float(result["score"]))
+        if result["status"] == "passed":
+            entry["passed"] = True
+            entry.setdefault("first_passed", _now())
+        self.save()
+
+    def take_hint(self, kata: Kata) -> tuple[int, str] | None:
+        """The next hint (1-based number, text), recorded as seen; None once all are seen."""
+        entry = self.kata_state(kata)
+        seen = int(entry.get("hints_seen", 0))
+        hints = kata.hints
+        if seen >= len(hints):
+            return None
+        entry["hints_seen"] = seen + 1
+        self.save()
+        return seen + 1, hints[seen]
+
+    # --- files -------------------------------------------------------------------------------
+
+    def backup(self, path: Path) -> Path:
+        folder = self.meta / "backups"
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = folder / f"{path.stem}.{stamp}{path.suffix}"
+        n = 1
+        while target.exists():
+            target = folder / f"{path.stem}.{stamp}-{n}{path.suffix}"
+            n += 1
+        shutil.copy2(path, target)
+        return target
+
+    def started(self) -> list[Path]:
+        return sorted(p for p in self.root.glob("*.py"))

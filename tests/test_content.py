@@ -1,0 +1,54 @@
+"""Content is checked like code: for every kata found in katas/, the reference passes with full
+score, the stub is not-started, every bug oracle is caught with its own diagnosis code, and stub
+and reference share names, signatures and docstrings."""
+import pytest
+
+from graders.engine.lint import check_api
+from graders.engine.manifest import katas
+from graders.engine.oracles import Bugs
+
+KATAS = [k.slug for k in katas()]
+ORACLES = [(k.slug, code) for k in katas() for code in Bugs(k).codes]
+
+
+@pytest.mark.parametrize("slug", KATAS)
+def test_reference_passes_with_full_score(slug, grade_source):
+    kata = next(k for k in katas() if k.slug == slug)
+    result = grade_source(slug, f"from reference.{kata.module} import *\n")
+    failed = {c["id"]: c["message"] for c in result["checks"] if c["status"] not in ("passed", "skipped")}
+    assert failed == {}
+    assert result["status"] == "passed"
+    assert result["score"] == result["max_score"] > 0
+    assert result["diagnoses"] == []
+
+
+@pytest.mark.parametrize("slug", KATAS)
+def test_stub_is_not_started(slug, grade_source):
+    kata = next(k for k in katas() if k.slug == slug)
+    result = grade_source(slug, kata.stub_path.read_text())
+    assert result["status"] == "not-started"
+    assert result["score"] == 0
+    assert all(c["status"] in ("failed", "skipped") for c in result["checks"])
+
+
+@pytest.mark.parametrize("slug,code", ORACLES)
+def test_bug_oracle_is_caught_with_its_own_diagnosis(slug, code, grade_source):
+    kata = next(k for k in katas() if k.slug == slug)
+    result = grade_source(slug, Bugs(kata).shim(code))
+    assert result["status"] == "failed"
+    assert code in result["diagnoses"]
+    assert result["score"] < result["max_score"]
+
+
+@pytest.mark.parametrize("slug", KATAS)
+def test_stub_and_reference_share_the_api(slug):
+    kata = next(k for k in katas() if k.slug == slug)
+    assert all(f.ok for f in check_api(kata)), [f.what for f in check_api(kata) if not f.ok]
+
+
+@pytest.mark.parametrize("slug", KATAS)
+def test_diagnoses_documented_and_every_task_hinted(slug):
+    kata = next(k for k in katas() if k.slug == slug)
+    assert set(kata.diagnoses) == set(Bugs(kata).codes)
+    assert all(task.hints for task in kata.tasks)
+    assert all(d.explain and d.fix for d in kata.diagnoses.values())
