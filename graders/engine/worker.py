@@ -50,17 +50,22 @@ def read_exact(fd, n, wait=None):
     return b"".join(parts)
 
 
-def read_frame(fd, wait=None):
-    (size,) = struct.unpack(">I", read_exact(fd, 4, wait))
+def parse_frame(read):
+    """One frame, pulling bytes with ``read(n)``; sizes are checked before anything is read."""
+    (size,) = struct.unpack(">I", read(4))
     if size > MAX_HEADER:
-        raise ValueError(f"reply header of {size} bytes is larger than allowed")
-    header = json.loads(read_exact(fd, size, wait))
+        raise ValueError(f"frame header of {size} bytes is larger than allowed")
+    header = json.loads(read(size))
     if not isinstance(header, dict) or not isinstance(header.get("blobs"), list):
-        raise ValueError("reply is not a frame")
+        raise ValueError("not a frame")
     sizes = header["blobs"]
     if not all(type(s) is int and s >= 0 for s in sizes) or sum(sizes) > MAX_BLOBS:
-        raise ValueError("reply announces invalid or oversized arrays")
-    return header, [read_exact(fd, s, wait) for s in sizes]
+        raise ValueError("frame announces invalid or oversized arrays")
+    return header, [read(s) for s in sizes]
+
+
+def read_frame(fd, wait=None):
+    return parse_frame(lambda n: read_exact(fd, n, wait))
 
 
 # --- values ------------------------------------------------------------------------------------

@@ -1,0 +1,173 @@
+"""The `kata` command, end to end through the installed console script in a subprocess (and a
+few cases through Click's CliRunner where a prompt is answered)."""
+import json
+from pathlib import Path
+
+import jsonschema
+from click.testing import CliRunner
+
+import cli
+from graders.engine.manifest import ROOT, katas
+
+SCHEMA = json.loads((ROOT / "graders" / "engine" / "result.schema.json").read_text())
+SOFTMAX = (ROOT / "reference" / "softmax.py").read_text()
+
+
+def test_list_shows_every_kata_in_order(kata_cmd):
+    run = kata_cmd("list")
+    assert run.returncode == 0
+    lines = run.stdout.splitlines()
+    assert [line.split()[1] for line in lines] == [k.slug for k in katas()]
+    assert all(k.title in run.stdout for k in katas())
+
+
+def test_start_check_pass_flow(kata_cmd):
+    ws = kata_cmd.workspace
+    run = kata_cmd("start", "softmax")
+    assert run.returncode == 0
+    assert (ws / "softmax.py").read_text() == (ROOT / "katas/softmax/stub.py").read_text()
+    assert "# Kata 1" in run.stdout and "kata check softmax" in run.stdout
+
+    run = kata_cmd("check", "softmax")
+    assert run.returncode == 1
+    assert "NOT-STARTED" in run.stdout
+
+    (ws / "softmax.py").write_text(SOFTMAX)
+    run = kata_cmd("check", "softmax")
+    assert run.returncode == 0, run.stdout
+    assert "PASSED  10/10 points" in run.stdout
+
+    run = kata_cmd("list")
+    assert "passed" in run.stdout and "10/10" in run.stdout
+
+
+def test_start_never_overwrites(kata_cmd):
+    path = kata_cmd.workspace / "softmax.py"
+    path.write_text("# my work\n")
+    run = kata_cmd("start", "softmax")
+    assert run.returncode == 0 and "already exists" in run.stdout
+    assert path.read_text() == "# my work\n"
+
+
+def test_check_json_validates_against_the_schema(kata_cmd):
+    kata_cmd("start", "softmax")
+    run = kata_cmd("check", "softmax", "--json", "--seed", "5")
+    assert run.returncode == 1
+    result = json.loads(run.stdout)
+    jsonschema.validate(result, SCHEMA)
+    assert result["status"] == "not-started" and result["seed"] == 5
+
+    (kata_cmd.workspace / "softmax.py").write_text(SOFTMAX.replace("np.max(x, axis=axis, keepdims=True)", "0"))
+    result = json.loads(kata_cmd("check", "softmax", "--json").stdout)
+    jsonschema.validate(result, SCHEMA)
+    assert result["status"] == "failed" and "softmax-overflow" in result["diagnoses"]
+
+
+def test_same_seed_replays_the_same_failure(kata_cmd):
+    (kata_cmd.workspace / "softmax.py").write_text(SOFTMAX.replace("axis=axis, keepdims=True)\n    e", "keepdims=True)\n    e"))
+    first = json.loads(kata_cmd("check", "softmax", "--json", "--seed", "42").stdout)
+    again = json.loads(kata_cmd("check", "softmax", "--json", "--seed", "42").stdout)
+    strip = lambda r: [(c["id"], c["status"], c["message"]) for c in r["checks"]]
+    assert strip(first) == strip(again) and first["status"] == "failed"
+
+
+def test_check_file_option_infers_the_kata(kata_cmd, tmp_path):
+    path = tmp_path / "softmax.py"
+    path.write_text(SOFTMAX)
+    run = kata_cmd("check", "--file", str(path))
+    assert run.returncode == 0 and "PASSED" in run.stdout
+
+
+def test_check_without_kata_grades_every_started_one(kata_cmd):
+    run = kata_cmd("check")
+    assert run.returncode == 2 and "No kata started" in run.stderr
+    (kata_cmd.workspace / "softmax.py").write_text(SOFTMAX)
+    run = kata_cmd("check")
+    assert run.returncode == 0 and "softmax" in run.stdout
+
+
+def test_usage_errors_exit_2(kata_cmd):
+    run = kata_cmd("check", "softmx")
+    assert run.returncode == 2 and "Did you mean 'softmax'" in run.stderr
+    run = kata_cmd("check", "softmax")
+    assert run.returncode == 2 and "kata start softmax" in run.stderr
+
+
+def test_hints_are_progressive_and_recorded(kata_cmd):
+    kata = next(k for k in katas() if k.slug == "softmax")
+    shown = [kata_cmd("hint", "softmax").stdout for _ in kata.hints]
+    assert [h.splitlines()[1] for h in shown] == list(kata.hints)
+    assert "all" in kata_cmd("hint", "softmax").stdout
+    state = json.loads((kata_cmd.workspace / ".kata/state.json").read_text())
+    assert state["katas"]["softmax"]["hints_seen"] == len(kata.hints)
+
+
+def test_solution_only_after_a_pass(kata_cmd):
+    run = kata_cmd("solution", "softmax")
+    assert run.returncode == 1 and "not passed" in run.stderr
+    run = kata_cmd("solution", "softmax", "--force", input="n\n")
+    assert run.returncode == 1 and "def softmax" not in run.stdout
+    (kata_cmd.workspace / "softmax.py").write_text(SOFTMAX)
+    kata_cmd("check", "softmax")
+    run = kata_cmd("solution", "softmax")
+    assert run.returncode == 0 and "def softmax" in run.stdout
+
+
+def test_solution_force_confirmed(tmp_path):
+    result = CliRunner().invoke(cli.main, ["solution", "softmax", "--force", "-w", str(tmp_path)], input="y\n")
+    assert result.exit_code == 0 and "def softmax" in result.output
+    assert json.loads((tmp_path / ".kata/state.json").read_text())["katas"]["softmax"]["solution_seen_before_pass"]
+
+
+def test_reset_backs_up_then_restores_the_stub(kata_cmd):
+    path = kata_cmd.workspace / "softmax.py"
+    path.write_text("# my precious work\n")
+    run = kata_cmd("reset", "softmax")
+    assert run.returncode == 0
+    backups = list((kata_cmd.workspace / ".kata/backups").iterdir())
+    assert [b.read_text() for b in backups] == ["# my precious work\n"]
+    assert path.read_text() == (ROOT / "katas/softmax/stub.py").read_text()
+    kata_cmd("reset", "softmax")
+    assert len(list((kata_cmd.workspace / ".kata/backups").iterdir())) == 2
+
+
+def test_corrupt_state_is_reported_not_fatal(kata_cmd):
+    state = kata_cmd.workspace / ".kata/state.json"
+    state.parent.mkdir()
+    state.write_text("{not json")
+    run = kata_cmd("hint", "softmax")
+    assert run.returncode == 0 and "unreadable" in run.stderr and "Hint 1/" in run.stdout
+    assert json.loads(state.read_text())["katas"]["softmax"]["hints_seen"] == 1
+    assert [p.name.startswith("state.corrupt-") for p in state.parent.glob("state.corrupt-*")] == [True]
+
+
+def test_workspace_option_and_env(tmp_path, kata_cmd):
+    other = tmp_path / "elsewhere"
+    run = kata_cmd("start", "softmax", "--workspace", str(other))
+    assert run.returncode == 0 and (other / "softmax.py").exists()
+    assert not (kata_cmd.workspace / "softmax.py").exists()
+
+
+def test_cuda_without_a_gpu_is_an_environment_error(kata_cmd):
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    kata = next(k for k in katas() if k.framework == "torch")
+    (kata_cmd.workspace / kata.learner_file).write_text(f"from reference.{kata.module} import *\n")
+    run = kata_cmd("check", kata.slug, "--device", "cuda")
+    assert run.returncode == 2 and "no CUDA device" in run.stderr
+
+
+def test_lint_passes_on_softmax(kata_cmd):
+    run = kata_cmd("lint", "softmax", "--seed", "3")
+    assert run.returncode == 0, run.stdout
+    assert "reference passes with full score 10/10" in run.stdout
+    assert "stub is not-started" in run.stdout
+    assert "bug oracle softmax-overflow" in run.stdout and "0 problem(s)" in run.stdout
+
+
+def test_help_comes_from_docstrings(kata_cmd):
+    run = kata_cmd("check", "--help")
+    assert "Grade KATA" in run.stdout and "--seed" in run.stdout

@@ -1,0 +1,92 @@
+"""Manifests are parsed strictly, with errors that say how to fix them."""
+import shutil
+
+import pytest
+
+from graders.engine.manifest import KATAS_DIR, ManifestError, find, katas, parse
+
+GOOD = (KATAS_DIR / "softmax" / "kata.toml").read_text()
+
+
+def manifest(tmp_path, text, slug="softmax"):
+    path = tmp_path / slug / "kata.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_every_shipped_manifest_parses_and_orders_uniquely():
+    found = katas()
+    assert [k.order for k in found] == sorted({k.order for k in found})
+    for kata in found:
+        assert kata.max_score > 0 and kata.tasks and kata.learner_file == kata.slug.replace("-", "_") + ".py"
+
+
+def test_unknown_key_names_the_closest_known_one(tmp_path):
+    path = manifest(tmp_path, GOOD.replace("timeout_s = 10", "timout_s = 10"))
+    with pytest.raises(ManifestError, match=r"unknown key 'timout_s' in the top level\. Did you mean 'timeout_s'\?"):
+        parse(path)
+
+
+def test_unknown_key_in_a_task(tmp_path):
+    path = manifest(tmp_path, GOOD.replace('hints = [\n    "Softmax of', 'hint = [\n    "Softmax of', 1))
+    with pytest.raises(ManifestError, match=r"unknown key 'hint' in \[\[tasks\]\] #1\. Did you mean 'hints'\?"):
+        parse(path)
+
+
+def test_future_format_is_refused(tmp_path):
+    with pytest.raises(ManifestError, match="format = 2 is not supported"):
+        parse(manifest(tmp_path, GOOD.replace("format = 1", "format = 2")))
+
+
+def test_slug_must_match_folder(tmp_path):
+    with pytest.raises(ManifestError, match="must equal the folder name 'other'"):
+        parse(manifest(tmp_path, GOOD, slug="other"))
+
+
+def test_missing_required_key(tmp_path):
+    with pytest.raises(ManifestError, match="missing the required key 'framework'"):
+        parse(manifest(tmp_path, GOOD.replace('framework = "numpy"\n', "")))
+
+
+def test_wrong_types_and_values(tmp_path):
+    with pytest.raises(ManifestError, match="order must be an integer"):
+        parse(manifest(tmp_path, GOOD.replace("order = 1", 'order = "1"')))
+    with pytest.raises(ManifestError, match="framework = 'jax' must be one of"):
+        parse(manifest(tmp_path, GOOD.replace('framework = "numpy"', 'framework = "jax"')))
+    with pytest.raises(ManifestError, match="must be positive"):
+        parse(manifest(tmp_path, GOOD.replace("matches-reference = 3", "matches-reference = 0")))
+    with pytest.raises(ManifestError, match="not valid TOML"):
+        parse(manifest(tmp_path, GOOD + "\n[[[\n"))
+
+
+def test_duplicate_order_is_refused(tmp_path):
+    manifest(tmp_path, GOOD)
+    shutil.copytree(tmp_path / "softmax", tmp_path / "twin")
+    (tmp_path / "twin" / "kata.toml").write_text(GOOD.replace('slug = "softmax"', 'slug = "twin"'))
+    with pytest.raises(ManifestError, match="order = 1 is also used by"):
+        katas.__wrapped__(tmp_path)
+
+
+def test_find_accepts_file_and_module_names():
+    assert find("softmax.py").slug == "softmax"
+    with pytest.raises(LookupError, match="Did you mean 'softmax'"):
+        find("sofmax")
+
+
+def test_readme_kata_table_lists_every_kata():
+    from graders.engine.manifest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| ") and "`" in line.split("|")[2]]
+    listed = [(int(r.split("|")[1]), r.split("|")[2].strip().strip("`")) for r in rows]
+    assert listed == [(k.order, k.slug) for k in katas()]
+
+
+def test_ci_runs_the_readme_test_command():
+    from graders.engine.manifest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    command = readme.split("Develop it")[1].split("```bash\n")[1].split("\n")[0].rsplit("&& ", 1)[1]
+    assert command == "python -m pytest"
+    assert (ROOT / ".ci" / "run").read_text().rstrip().endswith(command)
