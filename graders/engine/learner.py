@@ -179,6 +179,8 @@ class Learner:
             return {"dict": {k: self._encode(v, blobs) for k, v in value.items()}}
         if isinstance(value, np.ndarray):
             return {"ndarray": _npy(value, blobs)}
+        if isinstance(value, np.generic):
+            return {"npscalar": _npy(np.asarray(value), blobs)}
         import torch
 
         if isinstance(value, torch.Tensor):
@@ -259,7 +261,7 @@ def _list(value):
 
 def _npy(array, blobs):
     buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    np.save(buffer, array, allow_pickle=False)
     blobs.append(buffer.getvalue())
     return len(blobs) - 1
 

@@ -46,9 +46,10 @@ def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "aut
     started = time.perf_counter()
     seed = new_seed() if seed is None else seed
     file = Path(file)
+    may_use_cuda = kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
     sandbox = Sandbox(file, framework=kata.framework, module_name=kata.module,
                       timeout_s=kata.timeout_s, import_timeout_s=kata.import_timeout_s,
-                      memory_mb=kata.memory_mb).start()
+                      memory_mb=kata.memory_mb, data_limit=not may_use_cuda).start()
     try:
         device = resolve_device(kata, device)
         reports = _run_pytest(kata, sandbox, seed, device)

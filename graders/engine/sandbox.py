@@ -53,7 +53,7 @@ def scrubbed_env(tmp: str) -> dict:
 
 class Sandbox:
     def __init__(self, source: Path, *, framework: str, module_name: str, timeout_s: float,
-                 import_timeout_s: float, memory_mb: int):
+                 import_timeout_s: float, memory_mb: int, data_limit: bool = True):
         self.source_text = Path(source).read_bytes()
         self.file_name = Path(source).name
         self.framework = framework
@@ -61,6 +61,10 @@ class Sandbox:
         self.timeout_s = timeout_s
         self.import_timeout_s = import_timeout_s
         self.memory_mb = memory_mb
+        # The kernel's data-size limit makes a hog fail with MemoryError; it is not applied where
+        # a CUDA context may be created (untested with CUDA's host reservations). The RSS watch
+        # in _wait caps memory either way.
+        self.data_limit = data_limit
         self.proc = None
         self.loaded = None          # the load reply, once loaded
         self.load_error = None      # a LoadError, once loading failed: never retried
@@ -77,7 +81,7 @@ class Sandbox:
         self.resp_r, resp_w = os.pipe()
         self.proc = subprocess.Popen(
             [sys.executable, "-I", str(WORKER), str(req_r), str(resp_w), self.framework,
-             str(self.memory_mb)],
+             str(self.memory_mb if self.data_limit else 0)],
             cwd=self.tmp, env=scrubbed_env(self.tmp), pass_fds=(req_r, resp_w),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             start_new_session=True)

@@ -1,0 +1,132 @@
+"""The sandbox and the adapter, below the graders: limits, forged replies, strict decoding."""
+import io
+import sys
+
+import numpy as np
+import pytest
+
+from graders.engine.failures import LearnerRaised, NotStarted, SandboxFailed
+from graders.engine.learner import Foreign, Learner, Remote, _array
+from graders.engine.sandbox import Sandbox
+from graders.engine.worker import MAX_HEADER, encode_frame, parse_frame
+
+
+def learner_for(tmp_path, source, framework="numpy", **limits):
+    path = tmp_path / "mod.py"
+    path.write_text(source)
+    options = dict(framework=framework, module_name="mod", timeout_s=5, import_timeout_s=5, memory_mb=1024)
+    sandbox = Sandbox(path, **{**options, **limits}).start()
+    return Learner(sandbox), sandbox
+
+
+def test_values_round_trip_with_exact_types(tmp_path):
+    learner, sandbox = learner_for(tmp_path, "def echo(*a, **k):\n    return a, k\n")
+    with sandbox:
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        args, kwargs = learner.echo(x, 1, 2.5, True, None, "s", [1, (2,)], k=np.float64(3.0))
+        assert type(args) is tuple and type(args[0]) is np.ndarray and args[0].dtype == np.float32
+        assert np.array_equal(args[0], x)
+        assert args[1:] == (1, 2.5, True, None, "s", [1, (2,)])
+        assert type(args[1]) is int and type(args[3]) is bool
+        assert type(kwargs["k"]) is np.float64
+
+
+def test_torch_tensors_keep_dtype_and_meta_device(tmp_path):
+    import torch
+
+    source = "import torch\ndef f(x):\n    return x.to(torch.bfloat16), torch.empty(2, 3, device='meta'), torch.nn.Linear(2, 2)\n"
+    learner, sandbox = learner_for(tmp_path, source, framework="torch")
+    with sandbox:
+        x = torch.randn(3, 4, dtype=torch.float64)
+        bf16, meta, module = learner.f(x)
+        assert type(bf16) is torch.Tensor and bf16.dtype == torch.bfloat16
+        assert torch.equal(bf16, x.to(torch.bfloat16))
+        assert meta.device.type == "meta" and meta.shape == (2, 3)
+        assert isinstance(module, Remote) and module.type_name == "torch.nn.modules.linear.Linear"
+        info = learner.module_info(module)
+        assert set(info["parameters"]) == {"weight", "bias"} and info["training"] is True
+        module.eval()
+        assert learner.get(module, "training") is False
+
+
+def test_tensor_subclass_arrives_as_foreign(tmp_path):
+    source = ("import torch\nclass Sly(torch.Tensor):\n    def __eq__(self, other):\n        return True\n"
+              "def f(x):\n    return x.as_subclass(Sly)\n")
+    learner, sandbox = learner_for(tmp_path, source, framework="torch")
+    with sandbox:
+        import torch
+
+        assert isinstance(learner.f(torch.zeros(2)), Foreign)
+
+
+def test_not_implemented_and_exceptions(tmp_path):
+    learner, sandbox = learner_for(tmp_path, "def f():\n    raise NotImplementedError\ndef g():\n    return 1 / 0\n")
+    with sandbox:
+        with pytest.raises(NotStarted, match="f is not implemented yet"):
+            learner.f()
+        with pytest.raises(LearnerRaised, match="raised ZeroDivisionError: division by zero") as info:
+            learner.g()
+        assert "line 4, in g: return 1 / 0" in str(info.value.text())
+
+
+def test_memory_watch_stops_a_hog_without_the_data_limit(tmp_path):
+    source = "import numpy as np\ndef hog():\n    return np.ones(400 * 2**20 // 8 * 4).sum()\n"   # 1.6 GB touched
+    learner, sandbox = learner_for(tmp_path, source, memory_mb=700, data_limit=False)
+    with sandbox:
+        with pytest.raises(SandboxFailed, match="more than the sandbox's 700 MB"):
+            learner.hog()
+
+
+def test_data_limit_turns_a_hog_into_memory_error(tmp_path):
+    learner, sandbox = learner_for(tmp_path, "import numpy as np\ndef hog():\n    return np.ones(10**10)\n", memory_mb=700)
+    with sandbox:
+        with pytest.raises(LearnerRaised, match="MemoryError"):
+            learner.hog()
+
+
+def test_forged_bytes_on_the_reply_channel_are_a_protocol_error(tmp_path):
+    source = "import os, sys\ndef forge():\n    os.write(int(sys.argv[2]), b'\\xff\\xff\\xff\\xff')\n    return 1\n"
+    learner, sandbox = learner_for(tmp_path, source)
+    with sandbox:
+        with pytest.raises(SandboxFailed, match="malformed reply"):
+            learner.forge()
+
+
+def test_forged_frame_with_a_pickle_array_is_refused(tmp_path):
+    # A hand-written reply claiming an object array: np.load with allow_pickle=False refuses it.
+    blob = io.BytesIO()
+    np.save(blob, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError):
+        _array(blob.getvalue())
+    archive = io.BytesIO()
+    np.savez(archive, a=np.zeros(2))
+    with pytest.raises(ValueError):
+        _array(archive.getvalue())
+
+
+def test_frames_announcing_huge_sizes_are_refused_before_reading():
+    data = encode_frame({"ok": True}, [b"x"])
+    forged = (MAX_HEADER + 1).to_bytes(4, "big") + data[4:]
+    with pytest.raises(ValueError, match="larger than allowed"):
+        parse_frame(io.BytesIO(forged).read)
+
+
+def test_a_timed_out_worker_is_replaced(tmp_path):
+    source = "import time\ndef slow():\n    time.sleep(60)\ndef fast():\n    return 7\n"
+    learner, sandbox = learner_for(tmp_path, source, timeout_s=1)
+    with sandbox:
+        first_pid = sandbox.proc.pid
+        with pytest.raises(SandboxFailed, match="did not finish within 1 s"):
+            learner.slow()
+        assert learner.fast() == 7
+        assert sandbox.proc.pid != first_pid
+
+
+def test_worker_environment_is_scrubbed_and_isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    source = "import os, sys\ndef env():\n    return sorted(os.environ), os.getcwd(), sys.flags.isolated\n"
+    learner, sandbox = learner_for(tmp_path, source)
+    with sandbox:
+        names, cwd, isolated = learner.env()
+        assert "PYTHONPATH" not in names and isolated == 1
+        assert cwd != str(tmp_path) and "kata-sandbox-" in cwd
