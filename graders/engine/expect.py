@@ -43,7 +43,8 @@ def type_of(got, expected_type: type, *, call: str, case: str | None = None, wha
 
 
 def array(got, expected, *, call: str, case: str | None = None, rtol: float, atol: float,
-          diagnose: Diagnose = None, device: str | None = None, what: str = "the result"):
+          diagnose: Diagnose = None, device: str | None = None, what: str = "the result",
+          against: str = "the reference"):
     """``got`` equals ``expected`` (a NumPy array or torch tensor) in type, shape, dtype, values."""
     type_of(got, type(expected), call=call, case=case, what=what)
     Name = what[:1].upper() + what[1:]
@@ -56,7 +57,8 @@ def array(got, expected, *, call: str, case: str | None = None, rtol: float, ato
     if device is not None and _is_tensor(got) and got.device.type != device:
         fail(f"{Name} is on the wrong device.", call=call, case=case, diagnose=diagnose,
              got=str(got.device), expected=device)
-    values(got, expected, call=call, case=case, rtol=rtol, atol=atol, diagnose=diagnose, what=what)
+    values(got, expected, call=call, case=case, rtol=rtol, atol=atol, diagnose=diagnose, what=what,
+           against=against)
 
 
 def as_float64(value) -> np.ndarray:
@@ -88,11 +90,11 @@ def mismatch(got, expected, *, rtol: float, atol: float) -> str | None:
 
 
 def values(got, expected, *, call: str, case: str | None = None, rtol: float, atol: float,
-           diagnose: Diagnose = None, what: str = "the result"):
+           diagnose: Diagnose = None, what: str = "the result", against: str = "the reference"):
     problem = mismatch(got, expected, rtol=rtol, atol=atol)
     if problem is not None:
         g, e = as_float64(got), as_float64(expected)
-        fail(f"{what[:1].upper() + what[1:]} does not match the reference: {problem}.", call=call, case=case,
+        fail(f"Values of {what} differ from {against}: {problem}.", call=call, case=case,
              diagnose=diagnose, got=f"{describe_value(got)}{_excerpt(g, e)}",
              expected=f"{describe_value(expected)}{_excerpt(e, e)}")
 

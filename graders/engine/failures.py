@@ -33,7 +33,12 @@ class NotStarted(CheckFailed):
 
 
 class LearnerRaised(CheckFailed):
-    """The learner's code raised an exception (other than NotImplementedError)."""
+    """The learner's code raised an exception (other than NotImplementedError); ``type_name``
+    is its class name, or None when the call named something the file does not define."""
+
+    def __init__(self, message: str, *, type_name: str | None = None, **fields):
+        super().__init__(message, **fields)
+        self.type_name = type_name
 
 
 class SandboxFailed(CheckFailed):

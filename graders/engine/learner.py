@@ -156,7 +156,8 @@ class Learner:
             if error.get("not_implemented"):
                 raise NotStarted(f"{name} is not implemented yet (it raises NotImplementedError).",
                                  call=what, output=output)
-            raise LearnerRaised(describe_error(error, what), call=what, output=output)
+            raise LearnerRaised(describe_error(error, what), call=what, output=output,
+                                type_name=str(error.get("type", "")))
         try:
             value = self._decode(reply.get("value"), reply_blobs)
             if echo:

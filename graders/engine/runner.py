@@ -58,7 +58,7 @@ def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "aut
     checks = [reports[cid] for cid in kata.checks]
     return {
         "kata": kata.slug,
-        "file": str(file),
+        "file": str(file.resolve()),
         "status": _status(checks, sandbox.load_error is not None),
         "score": round(sum(c["score"] for c in checks), 6),
         "max_score": round(sum(c["max_score"] for c in checks), 6),
