@@ -288,6 +288,7 @@ def test_train_drops_weights(learner, bugs, kata, rng, device):
 
 def test_rejects_indivisible_heads(learner):
     """d_model % n_heads != 0 raises ValueError or AssertionError"""
+    learner.MultiHeadSelfAttention(24, 4)   # a valid configuration builds: only the bad one may raise
     call = "MultiHeadSelfAttention(24, 5)"
     try:
         learner.MultiHeadSelfAttention(24, 5)
@@ -306,15 +307,19 @@ def test_banned_api(learner, kata, rng, device):
     """no SDPA or nn.MultiheadAttention: attention written by hand"""
     B, T, d, H = CONFIGS[0]
     call = f"MultiHeadSelfAttention({d}, {H})(x, causal=True)"
-    m = learner.MultiHeadSelfAttention(d, H)
-    used = banned_in_source(learner.source, kata.banned)
-    if not used:
-        m.to(device=device, dtype=torch.float64)
-        x = normal(rng, B, T, d)
-        m(x, causal=True)   # first call: lets lazy imports happen before recording
-        with learner.recording() as ops:
-            m(x, causal=True)
-        used = banned_in_ops(ops, kata.banned)
+    case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H) + "; eval mode"
+    sd, x = weights(rng, d), normal(rng, B, T, d)
+    m = build(learner, device, sd, H)
+    m(x, causal=True)   # first call: lets lazy imports happen before recording
+    with learner.recording() as ops:
+        got = m(x, causal=True)
+    used = banned_in_source(learner.source, kata.banned) + banned_in_ops(ops, kata.banned)
     expect.that(not used, "The module uses a library attention this kata forbids.", call=call,
                 got=", ".join(dict.fromkeys(used)), expected="attention written with matmul, masked_fill and softmax",
                 diagnose=lambda: "banned-api")
+    # The point is for attention written by hand, so the module must also compute it.
+    pair(got, call=call, case=case)
+    expected = torch_mha(sd, H, x, True)
+    tol = kata.tolerance("float64")
+    expect.array(got[0], expected[0], call=call, case=case, what="the output", device=device,
+                 against="nn.MultiheadAttention with the same weights", **tol)
