@@ -57,6 +57,11 @@ def array(got, expected, *, call: str, case: str | None = None, rtol: float, ato
     if device is not None and _is_tensor(got) and got.device.type != device:
         fail(f"{Name} is on the wrong device.", call=call, case=case, diagnose=diagnose,
              got=str(got.device), expected=device)
+    if _is_tensor(got) and (got.device.type == "meta") != (expected.device.type == "meta"):
+        fail(f"{Name} is on the wrong device.", call=call, case=case, diagnose=diagnose,
+             got=str(got.device), expected=str(expected.device))
+    if _is_tensor(got) and got.device.type == "meta":
+        return   # meta tensors have a shape and a dtype, and no values
     values(got, expected, call=call, case=case, rtol=rtol, atol=atol, diagnose=diagnose, what=what,
            against=against)
 

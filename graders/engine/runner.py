@@ -92,8 +92,8 @@ def _run_pytest(kata: Kata, sandbox: Sandbox, seed: int, device: str) -> dict:
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     try:
         code = pytest.main([str(kata.grader_path), "-p", "no:terminal", "-p", "no:cacheprovider",
-                            "-p", "no:warnings", "--noconftest", "-c", os.devnull,
-                            "--rootdir", str(ROOT / "graders"), "-o", "python_files=*.py"],
+                            "-p", "no:warnings", "--noconftest", "-c", os.devnull, "--assert=plain",
+                            "--rootdir", str(ROOT / "graders")],
                            plugins=[plugin, fixtures])
     finally:
         os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)

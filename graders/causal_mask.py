@@ -1,0 +1,281 @@
+"""Grader of the causal-mask kata (KATAS.md §3)."""
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from graders.engine import expect
+from graders.engine.structure import banned_in_ops, banned_in_source
+from reference import causal_mask as ref
+
+B, H, D, DV = 2, 3, 4, 10   # H != head_dim, and v's width differs from q/k's and from every T used
+
+
+FLOAT_MASK = ("Masks must be bool tensors (True = may attend). A float mask means something else to "
+              "F.scaled_dot_product_attention: it is added to the scores, so a 0/1 float mask hides nothing.")
+
+
+def randn(rng, *shape, dtype=torch.float64):
+    return torch.from_numpy(rng.standard_normal(shape)).to(dtype)
+
+
+def qkv(rng, batch, tq, tk, dtype=torch.float64):
+    return randn(rng, *batch, tq, D, dtype=dtype), randn(rng, *batch, tk, D, dtype=dtype), \
+        randn(rng, *batch, tk, DV, dtype=dtype)
+
+
+def mask_call(tq, tk) -> str:
+    return f"causal_mask({tq})" if tq == tk else f"causal_mask({tq}, {tk})"
+
+
+def tensors_case(q, k, v, mask=None, about="") -> str:
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, {str(q.dtype)[6:]} standard normal"
+    mask_text = "" if mask is None else f"; mask {tuple(mask.shape)}"
+    return shapes + mask_text + (f"; {about}" if about else "")
+
+
+def grid(mask, rows: str) -> str:
+    """A small bool mask drawn as 1s (may attend) and 0s, the way one draws it on a whiteboard."""
+    lines = mask.to("cpu").reshape(-1, mask.shape[-1]).int().tolist()
+    return f"bool{list(mask.shape)}, {rows}, 1 = may attend:" + "".join("\n    " + " ".join(map(str, line))
+                                                                      for line in lines)
+
+
+def queries(n: int) -> str:
+    return f"{n} query" if n == 1 else f"{n} queries"
+
+
+def check_mask_type(got, shape, *, call, case=None, device=None):
+    """A mask must be a plain bool tensor of the right shape (and device) before its values count."""
+    expect.type_of(got, torch.Tensor, call=call, case=case)
+    expect.that(tuple(got.shape) == shape, "The mask has the wrong shape.", call=call, case=case,
+                got=f"shape {tuple(got.shape)}", expected=f"shape {shape}")
+    expect.that(got.dtype == torch.bool, FLOAT_MASK, call=call, case=case, got=str(got.dtype), expected="torch.bool")
+    if device is not None:
+        expect.that(got.device.type == device, "The mask is on the wrong device.", call=call, case=case,
+                    got=str(got.device), expected=device)
+
+
+def check_mask(got, expected, *, call, case, diagnose, device=None, rows="one row per query"):
+    check_mask_type(got, tuple(expected.shape), call=call, case=case, device=device)
+    wrong = got.to("cpu") != expected
+    first = ", ".join(str(int(i)) for i in torch.nonzero(wrong)[0]) if wrong.any() else ""
+    expect.that(not wrong.any(), f"The mask is wrong at {int(wrong.sum())} of {wrong.numel()} positions "
+                f"(first at [{first}]).", call=call, case=case,
+                got=grid(got, rows), expected=grid(expected, rows), diagnose=diagnose)
+
+
+def check_attention(result, expected, *, call, case, tol, device, diagnose=None):
+    """``result`` is ``(out, weights)`` and equals ``expected``, the output first."""
+    expect.type_of(result, tuple, call=call, case=case)
+    expect.that(len(result) == 2, "masked_attention must return a pair (out, weights).", call=call, case=case,
+                got=f"a tuple of {len(result)}", expected="(out, weights)")
+    for got, want, what in zip(result, expected, ("the output", "the weights")):
+        expect.array(got, want, call=call, case=case, what=what, device=device, diagnose=diagnose, **tol)
+
+
+def diagnose_attention(bugs, result, q, k, v, mask, tol):
+    """The bug oracle whose output is ``result``; failing that, mask-inverted when ``result`` is
+    attention under ``~mask``: masked_attention reads True as "masked out", as nn.MultiheadAttention does."""
+    code = bugs.match(result, lambda impl: impl.masked_attention(q, k, v, mask), **tol)
+    if code is None and mask is not None and expect.same(result, ref.masked_attention(q, k, v, ~mask), **tol):
+        return "mask-inverted"
+    return code
+
+
+def test_square_mask_is_tril(learner, bugs, kata):
+    """a square mask is the lower triangle, diagonal included"""
+    tol = kata.tolerance("float64")
+    for t in (5, 8, 1):   # 1 last: there an inverted mask and a missing diagonal look the same
+        for args in ((t,), (t, t)):
+            got = learner.causal_mask(*args)
+            check_mask(got, torch.ones(t, t, dtype=torch.bool).tril(), call=f"causal_mask({', '.join(map(str, args))})",
+                       case=f"{queries(t)} and keys: query i sees keys 0..i",
+                       diagnose=lambda: bugs.match(got, lambda impl: impl.causal_mask(*args), **tol))
+
+
+def test_rectangular_masks_bottom_right(learner, bugs, kata):
+    """rectangular masks are bottom-right aligned (the queries are the last tokens, as with a KV cache)"""
+    tol = kata.tolerance("float64")
+    for tq, tk in ((1, 6), (3, 7), (5, 9), (7, 5)):
+        # Query i sits at absolute position tk - tq + i and sees the keys at or before it.
+        expected = torch.arange(tk)[None, :] <= (tk - tq + torch.arange(tq))[:, None]   # (Tq, Tk)
+        offset = f"i + {tk - tq}" if tk >= tq else f"i - {tq - tk}"
+        case = f"{queries(tq)}, {tk} keys: query i sits at position {offset} and sees the keys at or before it"
+        if tq > tk:
+            case += f" (the first {tq - tk} precede every key and see none)"
+        got = learner.causal_mask(tq, tk)
+        check_mask(got, expected, call=mask_call(tq, tk), case=case,
+                   diagnose=lambda: bugs.match(got, lambda impl: impl.causal_mask(tq, tk), **tol))
+
+
+def test_masks_are_bool(learner):
+    """causal_mask and padding_mask return bool tensors"""
+    lengths = torch.tensor([6, 2, 4])
+    for call, make in (("causal_mask(5)", lambda: learner.causal_mask(5)),
+                       ("causal_mask(3, 6)", lambda: learner.causal_mask(3, 6)),
+                       ("padding_mask(lengths, 6)", lambda: learner.padding_mask(lengths, 6))):
+        got = make()
+        case = "lengths = tensor([6, 2, 4])" if call.startswith("padding") else None
+        expect.type_of(got, torch.Tensor, call=call, case=case)
+        expect.that(got.dtype == torch.bool, FLOAT_MASK, call=call, case=case, got=str(got.dtype),
+                    expected="torch.bool")
+
+
+def test_device_honoured(learner, bugs, kata, device):
+    """causal_mask builds the mask on the requested device (a meta tensor for device="meta")"""
+    tol = kata.tolerance("float64")
+    case = "a meta tensor has a shape and a dtype but no data: it shows where the mask was built"
+    for dev, text in (("meta", "'meta'"), (torch.device("meta"), "torch.device('meta')")):
+        call = f"causal_mask(4, 6, device={text})"
+        got = learner.causal_mask(4, 6, device=dev)
+        expect.type_of(got, torch.Tensor, call=call, case=case)
+        expect.that(got.device.type == "meta", "causal_mask ignored its `device` argument.", call=call, case=case,
+                    got=f"a tensor on {got.device}", expected="a tensor on meta",
+                    diagnose=lambda: bugs.match(got, lambda impl: impl.causal_mask(4, 6, device=dev), **tol))
+        expect.that(tuple(got.shape) == (4, 6), "The mask has the wrong shape.", call=call, case=case,
+                    got=f"shape {tuple(got.shape)}", expected="shape (4, 6)")
+    if device == "cuda":
+        got = learner.causal_mask(4, 6, device="cuda")
+        check_mask(got, ref.causal_mask(4, 6), call="causal_mask(4, 6, device='cuda')", case="4 queries, 6 keys",
+                   device="cuda", diagnose=lambda: bugs.match(got, lambda impl: impl.causal_mask(4, 6), **tol))
+
+
+def test_padding_mask_values(learner, bugs, kata, rng, device):
+    """padding_mask is True exactly at the first lengths[b] positions, shaped (B, 1, 1, max_len)"""
+    tol = kata.tolerance("float64")
+    for lengths, max_len in ((torch.tensor([5, 2, 7, 0]), 7), (torch.from_numpy(rng.integers(1, 9, size=3)), 8)):
+        expected = torch.tensor([[[[p < n for p in range(max_len)]]] for n in lengths.tolist()])   # (B, 1, 1, T)
+        got = learner.padding_mask(lengths, max_len)
+        check_mask(got, expected, call=f"padding_mask(lengths, {max_len})", device=device,
+                   case=f"lengths = tensor({lengths.tolist()}), max_len = {max_len}", rows="one row per sequence",
+                   diagnose=lambda: bugs.match(got, lambda impl: impl.padding_mask(lengths, max_len), **tol))
+
+
+def test_matches_sdpa_and_reference(learner, bugs, kata, rng, device):
+    """masked_attention equals F.scaled_dot_product_attention (output) and the reference (weights)"""
+    # Every query keeps a key and loses one, so attention under ~m is defined too (see diagnose_attention).
+    # This case comes first, so that a masked_attention reading the mask inverted is diagnosed here.
+    allowed = ((rng.random((B, 1, 5, 8)) < 0.5) & ~np.eye(5, 8, k=3, dtype=bool)) | np.eye(5, 8, dtype=bool)
+    cases = [  # (batch axes, Tq, Tk, mask, mask as the call shows it, what the case is, dtype)
+        ((B, H), 5, 8, torch.from_numpy(allowed), "m", "m: a random bool mask, the same for every head",
+         torch.float64),
+        ((B, H), 5, 5, ref.causal_mask(5), "causal_mask(5)", "causal self-attention", torch.float64),
+        ((B, H), 6, 9, ref.causal_mask(6, 9), "causal_mask(6, 9)", "6 new queries after 3 cached keys",
+         torch.float64),
+        ((B, H), 7, 7, None, None, "no mask", torch.float64),
+        ((B,), 6, 6, ref.causal_mask(6), "causal_mask(6)", "3-D inputs, no head axis", torch.float64),
+        ((B, H), 7, 7, ref.padding_mask(torch.tensor([7, 4]), 7), "padding_mask(tensor([7, 4]), 7)",
+         "sequence 1 is padded after 4 tokens", torch.float64),
+        ((B, H), 5, 9, ref.causal_mask(5, 9), "causal_mask(5, 9)", "float32 inputs", torch.float32),
+    ]
+    for batch, tq, tk, mask, mask_text, about, dtype in cases:
+        q, k, v = qkv(rng, batch, tq, tk, dtype)
+        q64, k64, v64 = q.double(), k.double(), v.double()
+        expected = (F.scaled_dot_product_attention(q64, k64, v64, attn_mask=mask).to(dtype),
+                    ref.masked_attention(q64, k64, v64, mask)[1].to(dtype))
+        if mask is None:
+            call, result = "masked_attention(q, k, v)", learner.masked_attention(q, k, v)
+        else:
+            call, result = f"masked_attention(q, k, v, mask={mask_text})", learner.masked_attention(q, k, v, mask=mask)
+        tol = kata.tolerance(dtype)
+        check_attention(result, expected, call=call, case=tensors_case(q, k, v, mask, about), tol=tol, device=device,
+                        diagnose=lambda: diagnose_attention(bugs, result, q, k, v, mask, tol))
+
+
+def test_future_perturbation_leaves_past_unchanged(learner, bugs, kata, rng, device):
+    """perturbing future inputs leaves earlier outputs unchanged (your causal_mask with your masked_attention)"""
+    tol = kata.tolerance("float64")
+    for tq, tk in ((6, 6), (5, 9)):
+        mask = learner.causal_mask(tq, tk)
+        check_mask_type(mask, (tq, tk), call=mask_call(tq, tk), device="cpu")   # device=None: the default device
+        q, k, v = qkv(rng, (B, H), tq, tk)
+        call = f"masked_attention(q, k, v, mask={mask_call(tq, tk)})"
+        result = learner.masked_attention(q, k, v, mask=mask)
+        # Judged with the learner's own mask: whether that mask is right is the other checks' business.
+        check_attention(result, ref.masked_attention(q, k, v, mask), call=call, tol=tol, device=device,
+                        case=tensors_case(q, k, v, mask, "the mask is what your causal_mask returned"),
+                        diagnose=lambda: diagnose_attention(bugs, result, q, k, v, mask, tol))
+        for t in range(tq - 1):
+            future = tk - tq + t + 1   # keys from this position on are later than query t
+            q2, k2, v2 = q.clone(), k.clone(), v.clone()
+            q2[..., t + 1:, :] = randn(rng, B, H, tq - t - 1, D)
+            k2[..., future:, :] = randn(rng, B, H, tk - future, D)
+            v2[..., future:, :] = randn(rng, B, H, tk - future, DV)
+            case = f"{tq} queries, {tk} keys; q after query {t} and k, v from key {future} on redrawn"
+            result2 = learner.masked_attention(q2, k2, v2, mask=mask)
+            check_attention(result2, ref.masked_attention(q2, k2, v2, mask), call=call, case=case, tol=tol,
+                            device=device, diagnose=lambda: diagnose_attention(bugs, result2, q2, k2, v2, mask, tol))
+            problem = expect.mismatch(result2[0][..., :t + 1, :], result[0][..., :t + 1, :], **tol)
+            earlier = "query 0" if t == 0 else f"queries 0..{t}"
+            expect.that(problem is None, f"Changing only inputs later than query {t} changed the output of {earlier}: "
+                        "your causal mask lets a query see the future.", call=call, case=case,
+                        got=problem, expected=f"the output of {earlier} unchanged",
+                        diagnose=lambda: bugs.match(result[0], lambda impl: impl.masked_attention(
+                            q, k, v, impl.causal_mask(tq, tk))[0], **tol))
+
+
+def test_fully_masked_rows_are_zero(learner, bugs, kata, rng, device):
+    """a query with no allowed key gets zero weights and a zero output, never NaN"""
+    tol = kata.tolerance("float64")
+    allowed = (rng.random((B, 1, 5, 6)) < 0.5) | np.eye(5, 6, dtype=bool)
+    allowed[0, 0, [0, 3]] = False
+    allowed[1, 0, [1, 4]] = False
+    cases = [  # (Tq, Tk, mask, mask as the call shows it, which rows have no allowed key)
+        (5, 6, torch.from_numpy(allowed), "m", "m: a random bool mask in which queries 0 and 3 of sequence 0, "
+                                               "and 1 and 4 of sequence 1,"),
+        (7, 5, ref.causal_mask(7, 5), "causal_mask(7, 5)", "queries 0 and 1, which precede every key,"),
+        (5, 5, ref.padding_mask(torch.tensor([4, 0]), 5), "padding_mask(tensor([4, 0]), 5)",
+         "all queries of sequence 1, which is all padding,"),
+    ]
+    for tq, tk, mask, mask_text, empty in cases:
+        q, k, v = qkv(rng, (B, H), tq, tk)
+        result = learner.masked_attention(q, k, v, mask=mask)
+        case = tensors_case(q, k, v, mask, f"{empty} have no allowed key: their weights and output must be all zero")
+        check_attention(result, ref.masked_attention(q, k, v, mask), case=case, tol=tol, device=device,
+                        call=f"masked_attention(q, k, v, mask={mask_text})",
+                        diagnose=lambda: diagnose_attention(bugs, result, q, k, v, mask, tol))
+
+
+def test_causal_and_padding_combined(learner, bugs, kata, rng, device):
+    """causal AND padding: your two masks combined with & drive your masked_attention"""
+    tol = kata.tolerance("float64")
+    lengths = torch.tensor([7, 3])
+    for tq, tk in ((7, 7), (2, 7)):
+        causal_call, padding_call = f"causal_mask({tq}, {tk}, device=q.device)", f"padding_mask(lengths, {tk})"
+        causal = learner.causal_mask(tq, tk, device=device)
+        check_mask_type(causal, (tq, tk), call=causal_call, device=device)
+        padding = learner.padding_mask(lengths, tk)
+        check_mask_type(padding, (B, 1, 1, tk), call=padding_call, case=f"lengths = tensor({lengths.tolist()})",
+                        device=device)
+        q, k, v = qkv(rng, (B, H), tq, tk)
+        mask = causal.cpu() & padding.cpu()   # (B, 1, Tq, Tk)
+        result = learner.masked_attention(q, k, v, mask=mask)
+        expected = ref.masked_attention(q, k, v, ref.causal_mask(tq, tk) & ref.padding_mask(lengths, tk))
+        check_attention(
+            result, expected, call=f"masked_attention(q, k, v, mask={causal_call} & {padding_call})",
+            case=tensors_case(q, k, v, about=f"lengths = tensor({lengths.tolist()}), so sequence 1 is padding "
+                                             f"from key 3 on; {tq} queries, the last {tq} tokens"),
+            tol=tol, device=device,
+            diagnose=lambda: bugs.match(result, lambda impl: impl.masked_attention(
+                q, k, v, impl.causal_mask(tq, tk) & impl.padding_mask(lengths, tk)), **tol)
+            or diagnose_attention(bugs, result, q, k, v, mask, tol))
+
+
+def test_banned_api(learner, bugs, kata, rng, device):
+    """no library attention: masks and attention written with tensor operations"""
+    q, k, v = qkv(rng, (B, H), 5, 5)
+    mask = ref.causal_mask(5)
+    learner.masked_attention(q, k, v, mask=mask)   # first call: lets lazy imports happen before recording
+    with learner.recording() as ops:
+        learner.causal_mask(5)
+        learner.padding_mask(torch.tensor([5, 3]), 5)
+        result = learner.masked_attention(q, k, v, mask=mask)
+    used = banned_in_source(learner.source, kata.banned) + banned_in_ops(ops, kata.banned)
+    call = "masked_attention(q, k, v, mask=causal_mask(5))"
+    expect.that(not used, "Your code uses a library attention this kata forbids.", call=call,
+                got=", ".join(dict.fromkeys(used)), expected="only tensor operations (matmul, masked_fill, softmax)",
+                diagnose=lambda: "banned-api")
+    tol = kata.tolerance("float64")
+    check_attention(result, ref.masked_attention(q, k, v, mask), call=call, case=tensors_case(q, k, v, mask),
+                    tol=tol, device=device,
+                    diagnose=lambda: diagnose_attention(bugs, result, q, k, v, mask, tol))

@@ -1,0 +1,14 @@
+"""The benchmark scripts run and print their figures (the figures themselves are not asserted:
+performance claims live in the benchmarks' output, not in timed tests)."""
+import re
+import subprocess
+import sys
+
+from graders.engine.manifest import ROOT
+
+
+def test_check_overhead_prints_a_ratio_per_kata():
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "check_overhead.py"), "softmax", "--runs", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^softmax\s+\d+\.\d+ s\s+\d+\.\d+ s\s+\d+\.\d+x$", run.stdout, re.M), run.stdout
