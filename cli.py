@@ -73,15 +73,14 @@ def list_(workspace):
     for kata in katas:
         state = ws.kata_state(kata)
         if state.get("passed"):
-            status = click.style("passed", fg="green")
+            status, colour = "passed", "green"
         elif "status" in state:
-            status = state["status"]
-        elif ws.file_for(kata).exists():
-            status = "started"
+            status, colour = state["status"], None
         else:
-            status = click.style("-", dim=True)
+            status, colour = ("started" if ws.file_for(kata).exists() else "-"), None
         best = (f"{state['best_score']:g}/{kata.max_score:g}" if "best_score" in state else "")
-        click.echo(f"{kata.order:>2}. {kata.slug:<{width}}  {kata.framework:<6}  {kata.title:<44} {status:<11} {best}")
+        click.echo(f"{kata.order:>2}. {kata.slug:<{width}}  {kata.framework:<6}  {kata.title:<44} "
+                   f"{click.style(f'{status:<11}', fg=colour)} {best}".rstrip())
 
 
 @main.command()

@@ -130,3 +130,16 @@ def test_worker_environment_is_scrubbed_and_isolated(tmp_path, monkeypatch):
         names, cwd, isolated = learner.env()
         assert "PYTHONPATH" not in names and isolated == 1
         assert cwd != str(tmp_path) and "kata-sandbox-" in cwd
+
+
+def test_closed_stderr_and_a_killing_signal_are_handled(tmp_path):
+    source = ("import os, signal, time\ndef close_and_wait():\n    os.close(2)\n    time.sleep(60)\n"
+              "def segfault():\n    os.kill(os.getpid(), signal.SIGSEGV)\n")
+    learner, sandbox = learner_for(tmp_path, source, timeout_s=1)
+    with sandbox:
+        started = __import__("time").process_time()
+        with pytest.raises(SandboxFailed, match="did not finish within 1 s"):
+            learner.close_and_wait()
+        assert __import__("time").process_time() - started < 0.5   # waited, did not spin
+        with pytest.raises(SandboxFailed, match="killed by SIGSEGV"):
+            learner.segfault()

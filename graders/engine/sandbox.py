@@ -88,6 +88,7 @@ class Sandbox:
         os.close(req_r)
         os.close(resp_w)
         os.set_blocking(self.req_w, False)
+        self.stderr_open = True
         self.ready = False
         self.loaded = None
         return self
@@ -204,9 +205,11 @@ class Sandbox:
                 self._kill()
                 raise SandboxError("timeout", f"{what} did not finish within {timeout_s:g} s: "
                                    "an endless loop, or work far too slow for these small inputs.")
-            readable, _, _ = select.select([self.resp_r, self.proc.stderr], [], [], min(remaining, 0.05))
+            watched = [self.resp_r] + ([self.proc.stderr] if self.stderr_open else [])
+            readable, _, _ = select.select(watched, [], [], min(remaining, 0.05))
             if self.proc.stderr in readable:
                 chunk = os.read(self.proc.stderr.fileno(), 1 << 16)
+                self.stderr_open = bool(chunk)   # closed by the learner's code: stop watching it
                 self.stderr_tail = (self.stderr_tail + chunk)[-4096:]
             if self.resp_r in readable:
                 return
@@ -226,9 +229,10 @@ class Sandbox:
         code = self.proc.wait()
         tail = self.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-1:] if self.stderr_tail else []
         if code < 0:
-            how = f"was killed by signal {signal.Signals(-code).name}"
-            if -code == signal.SIGXFSZ:
-                how += " (it wrote too much)"
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
         else:
             how = f"exited with status {code} (os._exit, or a crash)"
         detail = f" Last line on stderr: {tail[0]}" if tail else ""
