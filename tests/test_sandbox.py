@@ -143,3 +143,23 @@ def test_closed_stderr_and_a_killing_signal_are_handled(tmp_path):
         assert __import__("time").process_time() - started < 0.5   # waited, did not spin
         with pytest.raises(SandboxFailed, match="killed by SIGSEGV"):
             learner.segfault()
+
+
+def test_views_keep_their_strides_and_module_calls_are_recorded(tmp_path):
+    import torch
+
+    source = ("import torch\ndef layout(x):\n    return x.is_contiguous(), list(x.stride()), x.clone()\n"
+              "def attend(x):\n    m = torch.nn.MultiheadAttention(4, 2, batch_first=True)\n    return m(x, x, x)[0]\n")
+    learner, sandbox = learner_for(tmp_path, source, framework="torch")
+    with sandbox:
+        base = torch.randn(2, 3, 5, 4)
+        view = base.transpose(1, 2)
+        contiguous, strides, values = learner.layout(view)
+        assert contiguous is False and strides == list(view.stride()) and torch.equal(values, view)
+        assert learner.layout(base)[0] is True
+        with learner.recording() as ops:
+            learner.attend(torch.randn(2, 3, 4))
+        modules = [op["name"] for op in ops if op["kind"] == "module"]
+        assert modules[0] == "MultiheadAttention"
+        from graders.engine.structure import banned_in_ops
+        assert banned_in_ops(ops, ["torch.nn.MultiheadAttention"]) == ["torch.nn.MultiheadAttention"]

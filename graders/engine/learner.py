@@ -186,12 +186,15 @@ class Learner:
 
         if isinstance(value, torch.Tensor):
             device = "meta" if value.device.type == "meta" else self.device
-            data = None
+            data, order = None, _layout(value)
             if value.device.type != "meta":
-                cpu = value.detach().cpu()
+                # A permuted view (e.g. x.transpose(1, 2)) is sent as its contiguous base and the
+                # permutation, so the sandbox rebuilds a view with the same strides.
+                cpu = value.detach().cpu().permute(order).contiguous()
                 data = _npy((cpu.float() if cpu.dtype == torch.bfloat16 else cpu).numpy(), blobs)
-            return {"tensor": data, "dtype": str(value.dtype), "device": device,
-                    "shape": list(value.shape), "requires_grad": bool(value.requires_grad)}
+            return {"tensor": data, "dtype": str(value.dtype), "device": device, "shape": list(value.shape),
+                    "requires_grad": bool(value.requires_grad),
+                    "permute": [order.index(i) for i in range(value.dim())]}
         if isinstance(value, torch.dtype):
             return {"torch_dtype": str(value)}
         if isinstance(value, torch.device):
@@ -252,6 +255,13 @@ class Learner:
         if device.type == "cuda" and torch.cuda.is_available():
             tensor = tensor.to(device)
         return tensor
+
+
+def _layout(t) -> list[int]:
+    """The dimension order of ``t`` in memory, outermost first: identity for contiguous tensors."""
+    if t.is_contiguous() or t.device.type == "meta":
+        return list(range(t.dim()))
+    return sorted(range(t.dim()), key=lambda i: (-t.stride(i), i))
 
 
 def _list(value):

@@ -56,7 +56,7 @@ def banned_in_ops(ops: list[dict], banned) -> list[str]:
     found = []
     for name in banned:
         root, leaf = name.split(".")[0], name.rsplit(".", 1)[-1]
-        for op in ops:
+        for op in ops:   # functions and nn.Module calls alike (nn.MultiheadAttention)
             module = str(op.get("module") or "torch")
             if str(op.get("name")) == leaf and module.split(".")[0] == root:
                 found.append(name)

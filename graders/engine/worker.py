@@ -151,8 +151,10 @@ class Codec:
             dtype = getattr(torch, value["dtype"].removeprefix("torch."))
             if value["tensor"] is None:
                 return torch.empty(value["shape"], dtype=dtype, device=value["device"])
-            t = torch.from_numpy(_load(blobs[value["tensor"]])).to(dtype)
-            return t.to(value["device"]).requires_grad_(value.get("requires_grad", False))
+            t = torch.from_numpy(_load(blobs[value["tensor"]])).to(dtype).to(value["device"])
+            if value.get("permute"):   # a view of a contiguous base, with the sender's strides
+                t = t.permute(value["permute"])
+            return t.requires_grad_(value.get("requires_grad", False))
         raise ValueError(f"cannot decode {value!r}")
 
 
@@ -223,19 +225,40 @@ def _summary(value):
     return _qualname(value)
 
 
-def _recorder(ops):
-    from torch.overrides import TorchFunctionMode
+class _recorder:
+    """Records, in call order, every torch function called (a TorchFunctionMode) and every
+    nn.Module called (a global forward pre-hook; these entries have ``"kind": "module"`` and the
+    class's name and module)."""
 
-    class Recorder(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            ops.append({"name": getattr(func, "__name__", repr(func)),
-                        "module": getattr(func, "__module__", None) or "",
-                        "args": [_summary(a) for a in args],
-                        "kwargs": {k: _summary(v) for k, v in kwargs.items()}})
-            return func(*args, **kwargs)
+    def __init__(self, ops):
+        from torch.overrides import TorchFunctionMode
 
-    return Recorder()
+        class Recorder(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                ops.append({"kind": "function", "name": getattr(func, "__name__", repr(func)),
+                            "module": getattr(func, "__module__", None) or "",
+                            "args": [_summary(a) for a in args],
+                            "kwargs": {k: _summary(v) for k, v in kwargs.items()}})
+                return func(*args, **kwargs)
+
+        self.ops, self.mode = ops, Recorder()
+
+    def _module_called(self, module, args):
+        cls = type(module)
+        self.ops.append({"kind": "module", "name": cls.__name__, "module": cls.__module__,
+                         "args": [_summary(a) for a in args], "kwargs": {}})
+
+    def __enter__(self):
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        self.hook = register_module_forward_pre_hook(self._module_called)
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+        self.hook.remove()
 
 
 # --- the server --------------------------------------------------------------------------------
