@@ -163,3 +163,15 @@ def test_views_keep_their_strides_and_module_calls_are_recorded(tmp_path):
         assert modules[0] == "MultiheadAttention"
         from graders.engine.structure import banned_in_ops
         assert banned_in_ops(ops, ["torch.nn.MultiheadAttention"]) == ["torch.nn.MultiheadAttention"]
+
+
+def test_measure_times_calls_from_the_trusted_clock(tmp_path):
+    import torch
+
+    source = ("import time\ntime.perf_counter = lambda: 0.0   # a lie about time changes nothing\n"
+              "def slow(x):\n    time.sleep(0.05)\n    return x\n")
+    learner, sandbox = learner_for(tmp_path, source, framework="torch")
+    with sandbox:
+        measured = learner.measure(learner.slow, torch.zeros(3), repeats=4)
+        assert 0.045 < measured["seconds"] < 0.2
+        assert measured["peak_bytes"] is None or torch.cuda.is_available()

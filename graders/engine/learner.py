@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import time
 
 import numpy as np
 
@@ -110,6 +111,29 @@ class Learner:
         if len(text) > OUTPUT_SHOWN:
             text = text[:OUTPUT_SHOWN] + f"\n… {len(text) - OUTPUT_SHOWN:,} more characters of output were dropped."
         return text
+
+    def measure(self, member, *args, repeats: int = 5, **kwargs) -> dict:
+        """Time and memory of ``member(*args, **kwargs)`` in the sandbox, e.g.
+        ``learner.measure(model, x)``: {"seconds": per call, "peak_bytes": peak CUDA memory
+        above the inputs (None on the CPU)}. Seconds come from this process's clock: a request
+        with one warm-up call is subtracted from one with the warm-up and ``repeats`` calls, so
+        start-up and transport cancel out and the learner's code cannot fake its own timing."""
+        target = (member._handle, ["__call__"]) if isinstance(member, Remote) else (member._handle, member._path)
+        label = member._label
+        blobs = []
+        header = {"op": "measure", "target": list(target), "seed": self.seed,
+                  "args": [self._encode(a, blobs) for a in args],
+                  "kwargs": {k: self._encode(v, blobs) for k, v in kwargs.items()}}
+        what = call_text(label, args, kwargs)
+        self._load()   # start-up must not land in the first timing
+        elapsed = []
+        for n in (0, repeats):
+            started = time.perf_counter()
+            result = self._request({**header, "repeats": n}, blobs, what, label)
+            elapsed.append(time.perf_counter() - started)
+        peak = result.get("peak_bytes") if isinstance(result, dict) else None
+        return {"seconds": max(elapsed[1] - elapsed[0], 0.0) / repeats,
+                "peak_bytes": peak if type(peak) is int else None}
 
     def get(self, remote: Remote, attribute: str):
         """The value of an attribute of a sandbox object, e.g. ``learner.get(model, "training")``."""

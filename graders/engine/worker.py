@@ -304,6 +304,11 @@ class Worker:
                 self.seed(request["seed"])
             if op == "load":
                 reply["names"] = self.load(request["path"], request["name"])
+            elif op == "measure":
+                target = self.resolve(request["target"])
+                args = [self.codec.decode(a, blobs) for a in request.get("args", [])]
+                kwargs = {k: self.codec.decode(v, blobs) for k, v in request.get("kwargs", {}).items()}
+                reply["value"] = self.codec.encode(_measure(target, args, kwargs, request["repeats"]), out_blobs)
             elif op in ("call", "getattr", "module_info"):
                 args, kwargs = [], {}
                 try:
@@ -384,6 +389,25 @@ class Worker:
                 "not_implemented": isinstance(exc, NotImplementedError),
                 "missing": isinstance(exc, MissingName),
                 "exit": isinstance(exc, SystemExit)}
+
+
+def _measure(target, args, kwargs, repeats):
+    """One warm-up call, then ``repeats`` calls, synchronised; the peak CUDA memory they took
+    above what was allocated before (None on the CPU). The caller times the request itself."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    with torch.no_grad():
+        target(*args, **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        for _ in range(repeats):
+            target(*args, **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+    return {"peak_bytes": torch.cuda.max_memory_allocated() - base if cuda and repeats else None}
 
 
 def _module_info(module):
