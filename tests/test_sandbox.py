@@ -175,3 +175,16 @@ def test_measure_times_calls_from_the_trusted_clock(tmp_path):
         measured = learner.measure(learner.slow, torch.zeros(3), repeats=4)
         assert 0.045 < measured["seconds"] < 0.2
         assert measured["peak_bytes"] is None or torch.cuda.is_available()
+
+
+def test_value_mismatch_shows_the_same_row_of_got_and_expected():
+    from graders.engine import expect
+    from graders.engine.failures import CheckFailed
+
+    expected = np.zeros((2, 3, 4))
+    got = expected.copy()
+    got[1, 2, 3] = 5.0
+    with pytest.raises(CheckFailed) as info:
+        expect.array(got, expected, call="f(x)", rtol=1e-7, atol=1e-12)
+    assert "row [1, 2, :] = [0. 0. 0. 5.]" in info.value.got
+    assert "row [1, 2, :] = [0. 0. 0. 0.]" in info.value.expected

@@ -99,24 +99,21 @@ def values(got, expected, *, call: str, case: str | None = None, rtol: float, at
     problem = mismatch(got, expected, rtol=rtol, atol=atol)
     if problem is not None:
         g, e = as_float64(got), as_float64(expected)
-        fail(f"Values of {what} differ from {against}: {problem}.", call=call, case=case,
-             diagnose=diagnose, got=f"{describe_value(got)}{_excerpt(g, e)}",
-             expected=f"{describe_value(expected)}{_excerpt(e, e)}")
+        wrong = np.argwhere(~np.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True))
+        first = wrong[0] if len(wrong) else np.zeros(g.ndim, int)
+        fail(f"Values of {what} differ from {against}: {problem}.", call=call, case=case, diagnose=diagnose,
+             got=f"{describe_value(got)}{_excerpt(g, first)}", expected=f"{describe_value(expected)}{_excerpt(e, first)}")
 
 
-def _excerpt(a: np.ndarray, reference: np.ndarray) -> str:
+def _excerpt(a: np.ndarray, first) -> str:
     """The row (last axis) holding the first wrong value, e.g. ``; row [0, 1, :] = [0.1 0.2 ...]``."""
     if a.ndim == 0:
         return f" = {a:.6g}"
-    wrong = np.argwhere(~np.isclose(a, reference, equal_nan=True))
-    first = wrong[0] if len(wrong) else np.argwhere(np.ones(a.shape, bool))[0]
-    if a.shape != reference.shape:
-        first = np.zeros(a.ndim, int)
     row = a[tuple(first[:-1])]
     text = np.array2string(row[:8], precision=4, separator=" ", max_line_width=10_000)
     more = " …" if row.shape[0] > 8 else ""
     index = ", ".join(str(int(i)) for i in first[:-1])
-    return f"; row [{index + ', ' if index else ''}:] = {text[:-1]}{more}]" if text.endswith("]") else ""
+    return f"; row [{index + ', ' if index else ''}:] = {text[:-1]}{more}]"
 
 
 def _index(index) -> str:
