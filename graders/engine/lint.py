@@ -98,9 +98,12 @@ def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Findin
             return grade(kata, path, seed=seed, device="cpu")
 
         result = run(f"from reference.{kata.module} import *  # noqa: F403\n")
-        full = result["status"] == "passed" and result["score"] == kata.max_score
-        add(full, f"reference passes with full score {result['score']:g}/{kata.max_score:g}" if full else
-            f"reference scores {result['score']:g}/{kata.max_score:g} ({result['status']}): "
+        # Skipped checks (@cuda without a GPU) do not count: the result's max_score leaves them out.
+        full = result["status"] == "passed" and result["score"] == result["max_score"]
+        skipped = sum(c["status"] == "skipped" for c in result["checks"])
+        note = f" ({skipped} CUDA check(s) skipped: no GPU)" if skipped else ""
+        add(full, f"reference passes with full score {result['score']:g}/{result['max_score']:g}{note}" if full else
+            f"reference scores {result['score']:g}/{result['max_score']:g} ({result['status']}): "
             + "; ".join(f"{c['id']}: {c['message'].splitlines()[0]}" for c in result["checks"] if c["status"] != "passed"))
 
         result = grade(kata, kata.stub_path, seed=seed, device="cpu")

@@ -1,0 +1,266 @@
+"""Grader of the gqa kata (KATAS.md §7)."""
+from math import prod
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from graders.engine import expect
+from graders.engine.failures import LearnerRaised
+from graders.engine.structure import banned_in_ops, banned_in_source
+from reference.gqa import GroupedQueryAttention as Reference
+
+# (B, T, d_model, n_heads, n_kv_heads): groups of 3 over 2 KV heads and of 2 over 4, so tiling the
+# KV heads instead of interleaving them sends most query heads to the wrong KV head; head_dim (4, 5)
+# differs from n_heads and from T, so mixing up heads, time and channels shows too.
+CONFIGS = [(2, 7, 24, 6, 2), (3, 6, 40, 8, 4)]
+CASE = "x: {dtype} ({B}, {T}, {d}), standard normal; n_heads={H}, n_kv_heads={Hkv}; weights injected (W ~ N(0, 1/{d}))"
+SDPA = "F.scaled_dot_product_attention(q, k, v, is_causal={causal}, enable_gqa=True) with the same weights"
+
+
+def normal(rng, *shape, std=1.0):
+    return torch.from_numpy(rng.standard_normal(shape) * std)
+
+
+def shapes(d, H, Hkv):
+    kv = Hkv * (d // H)
+    return {"q_proj.weight": [d, d], "k_proj.weight": [kv, d], "v_proj.weight": [kv, d], "o_proj.weight": [d, d]}
+
+
+def weights(rng, d, H, Hkv):
+    """A state_dict to inject. W ~ N(0, 1/d) keeps q, k, v at unit variance, so correctly scaled
+    scores stay near unit variance too and a wrong scale moves the softmax visibly."""
+    return {name: normal(rng, *shape, std=d ** -0.5) for name, shape in shapes(d, H, Hkv).items()}
+
+
+def listing(params) -> str:
+    return ", ".join(f"{name} {tuple(shape)}" for name, shape in params.items()) or "no parameters"
+
+
+def wrong_size(params, d, count=None):
+    """kv-proj-wrong-size: K or V projected d -> d as in multi-head attention (all four
+    projections square makes 4·d² parameters, whatever they are called)."""
+    square = [d, d] in (params.get("k_proj.weight"), params.get("v_proj.weight"))
+    return "kv-proj-wrong-size" if square or count == 4 * d * d else None
+
+
+def build(learner, device, sd, H, Hkv):
+    """The learner's module: constructed, its parameters checked, cast, moved, weights injected, eval."""
+    d = sd["q_proj.weight"].shape[0]
+    m = learner.GroupedQueryAttention(d, H, Hkv)
+    params = {name: entry[0] for name, entry in learner.module_info(m)["parameters"].items()}
+    # shapes first: injecting into a wrong-sized projection would only fail with load_state_dict's error.
+    expect.that(params == shapes(d, H, Hkv), "The module's parameters are not the four bias-free projections "
+                "the grader injects its weights into.", call=f"GroupedQueryAttention({d}, {H}, {Hkv})",
+                got=listing(params),
+                expected=f"{listing(shapes(d, H, Hkv))}: head_dim = {d} // {H} = {d // H}, and K and V have only "
+                f"n_kv_heads * head_dim = {Hkv * (d // H)} outputs; bias=False",
+                diagnose=lambda: wrong_size(params, d))
+    m.to(device=device, dtype=sd["q_proj.weight"].dtype)
+    m.load_state_dict(sd, strict=False)   # a registered mask buffer is the module's own business
+    m.eval()
+    return m
+
+
+def trusted(cls, sd, H, Hkv, x, causal):
+    """The output of a trusted module (the reference or a bug oracle), in float64 on the CPU."""
+    with torch.no_grad():
+        m = cls(x.shape[-1], H, Hkv).double()
+        m.load_state_dict({k: v.double() for k, v in sd.items()})
+        return m(x.double(), causal=causal).to(x.dtype)
+
+
+def sdpa_gqa(sd, H, Hkv, x, causal):
+    """F.scaled_dot_product_attention(..., enable_gqa=True) given the same weights, in float64:
+    an oracle nobody here wrote, with torch's own grouping of query heads onto KV heads."""
+    B, T, d = x.shape
+    xd, w = x.double(), {k: v.double() for k, v in sd.items()}
+
+    def heads(name, n):
+        return (xd @ w[name].T).view(B, T, n, d // H).transpose(1, 2)   # (B, n, T, hd)
+
+    y = F.scaled_dot_product_attention(heads("q_proj.weight", H), heads("k_proj.weight", Hkv),
+                                       heads("v_proj.weight", Hkv), is_causal=causal, enable_gqa=True)   # (B, H, T, hd)
+    return (y.transpose(1, 2).reshape(B, T, d) @ w["o_proj.weight"].T).to(x.dtype)   # (B, T, d)
+
+
+def torch_mha(sd, H, x, causal):
+    """nn.MultiheadAttention (bias=False) given the same weights: plain multi-head attention."""
+    B, T, d = x.shape
+    with torch.no_grad():
+        mha = nn.MultiheadAttention(d, H, bias=False, batch_first=True).double().eval()
+        in_proj = torch.cat([sd["q_proj.weight"], sd["k_proj.weight"], sd["v_proj.weight"]])   # rows [W_q; W_k; W_v]
+        mha.load_state_dict({"in_proj_weight": in_proj.double(), "out_proj.weight": sd["o_proj.weight"].double()})
+        # nn.MultiheadAttention's bool mask means True = may NOT attend: the opposite of this kit's.
+        blocked = ~torch.ones(T, T, dtype=torch.bool).tril() if causal else None
+        xd = x.double()
+        out, _ = mha(xd, xd, xd, attn_mask=blocked, need_weights=False)
+    return out.to(x.dtype)
+
+
+def output_form(got, *, B, T, d, dtype, device, call, case):
+    """A plain (B, T, d) tensor of the input's dtype on its device: what a property needs first."""
+    expect.type_of(got, torch.Tensor, call=call, case=case, what="the output")
+    expect.that(tuple(got.shape) == (B, T, d), "The output has the wrong shape.", call=call, case=case,
+                got=f"shape {tuple(got.shape)}", expected=f"shape {(B, T, d)}")
+    expect.that(got.dtype == dtype, "The output has the wrong dtype.", call=call, case=case,
+                got=str(got.dtype), expected=str(dtype))
+    expect.that(got.device.type == device, "The output is on the wrong device.", call=call, case=case,
+                got=str(got.device), expected=device)
+
+
+def compare(learner, bugs, kata, rng, device, cfg, causal, *, dtype=torch.float64, oracle="sdpa"):
+    """Build the learner's module for one config with fresh weights and input, and judge its output
+    against the library oracle, then the reference, naming the known bug it matches."""
+    B, T, d, H, Hkv = cfg
+    sd = {k: v.to(dtype) for k, v in weights(rng, d, H, Hkv).items()}
+    x = normal(rng, B, T, d).to(dtype)
+    tol = kata.tolerance(dtype)
+    call = f"GroupedQueryAttention({d}, {H}, {Hkv})(x, causal={causal})"
+    case = CASE.format(dtype=str(dtype).removeprefix("torch."), B=B, T=T, d=d, H=H, Hkv=Hkv) + "; eval mode"
+    got = build(learner, device, sd, H, Hkv)(x, causal=causal)
+    diagnose = lambda: bugs.match(got, lambda impl: trusted(impl.GroupedQueryAttention, sd, H, Hkv, x, causal), **tol)
+    if oracle == "mha":
+        expected, against = torch_mha(sd, H, x, causal), "nn.MultiheadAttention(bias=False) with the same weights"
+    else:
+        expected, against = sdpa_gqa(sd, H, Hkv, x, causal), SDPA.format(causal=causal)
+    expect.array(got, expected, call=call, case=case, what="the output", diagnose=diagnose, device=device,
+                 against=against, **tol)
+    expect.array(got, trusted(Reference, sd, H, Hkv, x, causal), call=call, case=case, what="the output",
+                 diagnose=diagnose, device=device, **tol)
+
+
+def kv_heads(t, x) -> str:
+    """Which head of x each head of t copies, e.g. [kv0, kv0, kv1, kv1]: the grouping at a glance."""
+    found = [[i for i in range(x.shape[1]) if torch.equal(t[:, j].cpu(), x[:, i])] for j in range(t.shape[1])]
+    return "[" + ", ".join(f"kv{i[0]}" if i else "?" for i in found) + "]"
+
+
+def test_repeat_kv_interleaves(learner, bugs, rng, device):
+    """repeat_kv: output head j is KV head j // n_rep (repeat_interleave), and n_rep=1 changes nothing"""
+    # (B, n_kv_heads, T, head_dim, n_rep, dtype); a copy is exact, so the comparison is too.
+    for B, Hkv, T, hd, n_rep, dtype in ((2, 2, 5, 4, 3, torch.float64), (3, 4, 6, 5, 2, torch.float32),
+                                        (2, 3, 5, 4, 1, torch.float64)):
+        x = normal(rng, B, Hkv, T, hd).to(dtype)
+        got = learner.repeat_kv(x, n_rep)
+        expected = x[:, [j // n_rep for j in range(Hkv * n_rep)]]   # (B, Hkv * n_rep, T, hd)
+        call = f"repeat_kv(x, {n_rep})"
+        case = f"x: {str(dtype).removeprefix('torch.')} ({B}, {Hkv}, {T}, {hd}) = (B, n_kv_heads, T, head_dim), standard normal"
+        diagnose = lambda: bugs.match(got, lambda impl: impl.repeat_kv(x, n_rep), rtol=0, atol=0)
+        if type(got) is torch.Tensor and got.shape == expected.shape and got.dtype == dtype:
+            order, wanted = kv_heads(got, x), kv_heads(expected, x)
+            expect.that(order == wanted, "The output heads copy the wrong KV heads: output head j must be KV head "
+                        "j // n_rep, so the copies of each KV head sit side by side.", call=call, case=case,
+                        got=f"output heads {order}", expected=f"output heads {wanted}", diagnose=diagnose)
+        expect.array(got, expected, call=call, case=case, rtol=0, atol=0, device=device, diagnose=diagnose,
+                     against="x[:, j // n_rep] for output head j" if n_rep > 1 else "x itself (n_rep=1)")
+
+
+def test_parameter_count(learner):
+    """2·d² + 2·d·n_kv_heads·head_dim parameters: Q and O are d -> d, K and V only d -> n_kv_heads·head_dim"""
+    for d, H, Hkv in ((24, 6, 2), (40, 8, 4), (24, 6, 1)):
+        m = learner.GroupedQueryAttention(d, H, Hkv)
+        params = {name: entry[0] for name, entry in learner.module_info(m)["parameters"].items()}
+        count = sum(prod(shape) for shape in params.values())
+        kv = Hkv * (d // H)
+        expected = 2 * d * d + 2 * d * kv
+        expect.that(count == expected, "The module has the wrong number of parameters.",
+                    call=f"GroupedQueryAttention({d}, {H}, {Hkv})", got=f"{count:,} ({listing(params)})",
+                    expected=f"2·{d}² + 2·{d}·{kv} = {expected:,}: q_proj and o_proj {d}x{d}, k_proj and v_proj "
+                             f"{kv}x{d} (n_kv_heads * head_dim = {Hkv}·{d // H} outputs), no biases",
+                    diagnose=lambda: wrong_size(params, d, count))
+
+
+def test_matches_sdpa_gqa(learner, bugs, kata, rng, device):
+    """with injected weights, equals the reference and F.scaled_dot_product_attention(enable_gqa=True), causal and not"""
+    for cfg in CONFIGS:
+        for causal in (False, True):
+            compare(learner, bugs, kata, rng, device, cfg, causal)
+    compare(learner, bugs, kata, rng, device, CONFIGS[0], True, dtype=torch.float32)
+
+
+def test_equals_mha_when_kv_equals_heads(learner, bugs, kata, rng, device):
+    """n_kv_heads == n_heads is plain multi-head attention: equals nn.MultiheadAttention(bias=False)"""
+    for (B, T, d, H, _), causal in zip(CONFIGS, (True, False)):
+        compare(learner, bugs, kata, rng, device, (B, T, d, H, H), causal, oracle="mha")
+
+
+def test_mqa_single_kv_head(learner, bugs, kata, rng, device):
+    """n_kv_heads == 1 (multi-query attention): every query head shares one KV head"""
+    B, T, d, H, _ = CONFIGS[0]
+    for causal in (True, False):
+        compare(learner, bugs, kata, rng, device, (B, T, d, H, 1), causal)
+
+
+def test_causal_ignores_future(learner, bugs, kata, rng, device):
+    """causal=True: changing later tokens leaves earlier outputs unchanged, and the first token sees only itself"""
+    B, T, d, H, Hkv = CONFIGS[0]
+    t0, hd = 3, d // H
+    tol = kata.tolerance("float64")
+    sd, x = weights(rng, d, H, Hkv), normal(rng, B, T, d)
+    x_new = x.clone()
+    x_new[:, t0:] = normal(rng, B, T - t0, d)
+    call = f"GroupedQueryAttention({d}, {H}, {Hkv})(x, causal=True)"
+    case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H, Hkv=Hkv) + f"; then tokens {t0}..{T - 1} of x redrawn; eval mode"
+    m = build(learner, device, sd, H, Hkv)
+    before, after = m(x, causal=True), m(x_new, causal=True)
+    for got in (before, after):
+        output_form(got, B=B, T=T, d=d, dtype=torch.float64, device=device, call=call, case=case)
+    diagnose = lambda: bugs.match((before, after), lambda impl: tuple(
+        trusted(impl.GroupedQueryAttention, sd, H, Hkv, xs, True) for xs in (x, x_new)), **tol)
+    problem = expect.mismatch(after[:, :t0], before[:, :t0], **tol)
+    expect.that(problem is None, f"With causal=True, changing tokens {t0}..{T - 1} changed the output at positions "
+                f"0..{t0 - 1}: the future leaks into the past.", call=call, case=case,
+                got=f"the output at positions 0..{t0 - 1} changed: {problem}",
+                expected="those outputs unchanged: query i may only attend to keys j <= i", diagnose=diagnose)
+    # Token 0 may attend only to itself, so each head's output is its own KV head's value of token 0.
+    v0 = (x[:, 0] @ sd["v_proj.weight"].T).view(B, Hkv, hd)   # (B, Hkv, hd)
+    first = v0[:, [j // (H // Hkv) for j in range(H)]].reshape(B, d) @ sd["o_proj.weight"].T   # (B, d)
+    problem = expect.mismatch(before[:, 0], first, **tol)
+    expect.that(problem is None, "With causal=True, the first token may attend only to itself, so its output must "
+                "be o_proj of its own values, query head j taking KV head j // (n_heads // n_kv_heads).",
+                call=call, case=case, got=f"the output at position 0: {problem}",
+                expected="out[:, 0] = o_proj(the values of token 0, query head j reading KV head j // n_rep)", diagnose=diagnose)
+
+
+def test_rejects_bad_divisibility(learner):
+    """n_heads not dividing d_model, or n_kv_heads not dividing n_heads, raises ValueError or AssertionError"""
+    learner.GroupedQueryAttention(24, 6, 2)   # a valid configuration builds: only the bad ones may raise
+    for d, H, Hkv, why in ((24, 5, 1, "5 heads cannot split 24 channels evenly"),
+                           (24, 6, 4, "6 query heads cannot be split into 4 equal groups")):
+        call = f"GroupedQueryAttention({d}, {H}, {Hkv})"
+        try:
+            learner.GroupedQueryAttention(d, H, Hkv)
+        except LearnerRaised as exc:
+            if exc.type_name is None:   # the class itself is missing: report that as it is
+                raise
+            expect.that(exc.type_name in ("ValueError", "AssertionError"),
+                        f"{why}, but the error raised is not the expected one.", call=call,
+                        got=exc.message.splitlines()[0],
+                        expected="ValueError (or AssertionError) from __init__, naming the numbers")
+            continue
+        expect.fail(f"{why}, yet a module was built.", call=call, got="a module",
+                    expected="ValueError (or AssertionError) from __init__: check d_model % n_heads == 0 and "
+                             "n_heads % n_kv_heads == 0 before anything else")
+
+
+def test_banned_api(learner, bugs, kata, rng, device):
+    """no SDPA or nn.MultiheadAttention: attention written by hand"""
+    B, T, d, H, Hkv = CONFIGS[0]
+    call = f"GroupedQueryAttention({d}, {H}, {Hkv})(x, causal=True)"
+    case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H, Hkv=Hkv) + "; eval mode"
+    sd, x = weights(rng, d, H, Hkv), normal(rng, B, T, d)
+    m = build(learner, device, sd, H, Hkv)
+    m(x, causal=True)   # first call: lets lazy imports happen before recording
+    with learner.recording() as ops:
+        got = m(x, causal=True)
+    used = banned_in_source(learner.source, kata.banned) + banned_in_ops(ops, kata.banned)
+    expect.that(not used, "The module uses a library attention this kata forbids.", call=call,
+                got=", ".join(dict.fromkeys(used)), expected="attention written with matmul, masked_fill and softmax",
+                diagnose=lambda: "banned-api")
+    # The point is for attention written by hand, so the module must also compute it.
+    tol = kata.tolerance("float64")
+    expect.array(got, sdpa_gqa(sd, H, Hkv, x, True), call=call, case=case, what="the output", device=device,
+                 against=SDPA.format(causal=True), **tol,
+                 diagnose=lambda: bugs.match(got, lambda impl: trusted(impl.GroupedQueryAttention, sd, H, Hkv, x, True),
+                                             **tol))

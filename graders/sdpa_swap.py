@@ -1,0 +1,474 @@
+"""Grader of the sdpa-swap kata (KATAS.md §9).
+
+The CPU checks compare both paths with the reference in float64 (and with each other in float32)
+and read the recorded F.scaled_dot_product_attention call. The @cuda checks run the flash path in
+bfloat16: flash eligibility is judged in this trusted process, by replaying the learner's recorded
+SDPA call (same shapes, dtype and arguments, fresh tensors) under
+sdpa_kernel(SDPBackend.FLASH_ATTENTION), which raises if PyTorch would not pick FlashAttention;
+strides are not recorded, so they are not judged.
+"""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from graders.engine import expect
+from graders.engine.failures import LearnerRaised
+from graders.engine.structure import banned_in_ops
+
+# n_embd, n_head, block_size: head_dim 12, so H != head_dim; T = 7 and 16 (< and = block_size).
+C, H, BS = 48, 4, 16
+B, T_SHORT = 2, 7
+P = 0.2   # dropout probability of the dropout checks
+CASE = "x: {dtype} ({B}, {T}, {C}), standard normal; n_head={H}, block_size={bs}; weights injected (W ~ N(0, 1/{C}))"
+
+SDPA = "scaled_dot_product_attention"
+SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None}
+# The manual path is what SDPA is checked against: no fused attention of any kind there.
+FUSED = ["torch.nn.functional.scaled_dot_product_attention", "torch.nn.MultiheadAttention",
+         "torch.nn.functional.multi_head_attention_forward"]
+
+# The @cuda checks: head_dim 64, which FlashAttention takes (a multiple of 8, at most 256).
+CUDA_C, CUDA_H, CUDA_T = 256, 4, 128
+# KATAS.md's benchmark size: B=4, H=16, head_dim=64, T=4096; the first PREFIX positions of
+# sequence 0 are checked against the float64 reference (causal: they see only the first PREFIX tokens).
+BENCH_B, BENCH_H, BENCH_T, PREFIX = 4, 16, 4096, 64
+MEMORY_RATIO, SPEEDUP = 20, 3
+# Each measure request also carries x (64 MB) to the sandbox; its jitter, a few ms, is spread over
+# the timed calls: 50 bring it near 0.1 ms per call, against ~1 ms for a flash forward.
+REPEATS = 50
+REPLAY_DTYPES = {f"torch.{name}": getattr(torch, name) for name in ("bfloat16", "float16", "float32", "float64")}
+REPLAY_NUMEL = 1 << 22
+
+
+def normal(rng, *shape, std=1.0):
+    return torch.from_numpy(rng.standard_normal(shape) * std)
+
+
+def weights(rng, n_embd, dtype=torch.float64):
+    """A state_dict to inject. W ~ N(0, 1/n_embd) keeps q, k, v at unit variance, so correctly scaled
+    scores stay near unit variance and a second scaling moves the softmax visibly."""
+    std = n_embd ** -0.5
+    return {"qkv.weight": normal(rng, 3 * n_embd, n_embd, std=std).to(dtype),
+            "proj.weight": normal(rng, n_embd, n_embd, std=std).to(dtype)}
+
+
+def shapes(n_embd):
+    return {"qkv.weight": [3 * n_embd, n_embd], "proj.weight": [n_embd, n_embd]}
+
+
+def ctor(n_embd, n_head, block_size, dropout, flash):
+    return f"CausalSelfAttention({n_embd}, {n_head}, {block_size}, dropout={dropout}, flash={flash})"
+
+
+def case_text(x, n_head=H, block_size=BS, extra=""):
+    Bx, Tx, Cx = x.shape
+    text = CASE.format(dtype=str(x.dtype).removeprefix("torch."), B=Bx, T=Tx, C=Cx, H=n_head, bs=block_size)
+    return text + (f"; {extra}" if extra else "")
+
+
+def build(learner, device, sd, *, flash, dropout=0.0, n_head=H, block_size=BS):
+    """The learner's module: constructed, moved and cast with .to(), weights injected, eval mode."""
+    n_embd = sd["proj.weight"].shape[0]
+    call = ctor(n_embd, n_head, block_size, dropout, flash)
+    m = learner.CausalSelfAttention(n_embd, n_head, block_size, dropout=dropout, flash=flash)
+    params = {name: entry[0] for name, entry in learner.module_info(m)["parameters"].items()}
+    want = shapes(n_embd)
+    expect.that(params == want, "The module's parameters are not the ones the grader injects weights into.",
+                call=call, got=", ".join(f"{k}: {tuple(s)}" for k, s in params.items()) or "no parameters",
+                expected=", ".join(f"{k}: {tuple(s)}" for k, s in want.items())
+                + " (self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=False); self.proj = nn.Linear(n_embd, n_embd, bias=False))")
+    m.to(device=device, dtype=sd["proj.weight"].dtype)
+    m.load_state_dict(sd, strict=False)   # the mask buffer stays the learner's own
+    m.eval()
+    return m
+
+
+def forward(learner, m, x):
+    """m(x); a device error from a mask that .to() left on the CPU is named."""
+    try:
+        return m(x)
+    except LearnerRaised as exc:
+        if exc.type_name and "device" in exc.message and "mask" not in learner.module_info(m)["buffers"]:
+            exc.diagnosis = "mask-not-buffer"
+        raise
+
+
+def trusted(cls, sd, x, *, flash, dropout=0.0, training=False, seed=0, n_head=H, block_size=BS):
+    """The output of a trusted module (the reference or a bug oracle), in float64 on the CPU, with
+    the torch seed the sandbox sets before each call, so dropout draws the same mask."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        m = cls(x.shape[-1], n_head, block_size, dropout=dropout, flash=flash).double()
+        m.load_state_dict({k: v.double() for k, v in sd.items()}, strict=False)
+        m.train(training)
+        torch.manual_seed(seed)
+        out = m(x.detach().cpu().double())
+    return out.to(x.dtype)
+
+
+def form(got, x, *, device, call, case, what="the output"):
+    """got is a plain tensor shaped, typed and placed like x: what comparing two learner outputs needs."""
+    expect.type_of(got, torch.Tensor, call=call, case=case, what=what)
+    Name = what[:1].upper() + what[1:]
+    expect.that(tuple(got.shape) == tuple(x.shape), f"{Name} has the wrong shape.", call=call, case=case,
+                got=f"shape {tuple(got.shape)}", expected=f"shape {tuple(x.shape)}, the input's")
+    expect.that(got.dtype == x.dtype, f"{Name} has the wrong dtype.", call=call, case=case,
+                got=str(got.dtype), expected=str(x.dtype))
+    expect.that(got.device.type == device, f"{Name} is on the wrong device.", call=call, case=case,
+                got=str(got.device), expected=device)
+
+
+def sdpa_calls(ops):
+    """Each recorded SDPA call as {parameter: value or tensor summary}: positional arguments named,
+    defaults filled in, so `F.scaled_dot_product_attention(q, k, v, None, 0.0, True)` reads like
+    `(q, k, v, is_causal=True)`."""
+    calls = []
+    for op in ops:
+        if op.get("kind") == "function" and op.get("name") == SDPA:
+            args = op.get("args") if isinstance(op.get("args"), list) else []
+            kwargs = op.get("kwargs") if isinstance(op.get("kwargs"), dict) else {}
+            calls.append({**SDPA_DEFAULTS, **dict(zip(SDPA_PARAMS, args)), **kwargs})
+    return calls
+
+
+def tensor_text(summary):
+    """A recorded tensor summary as ``tensor bfloat16[2, 4, 128, 64] on cuda:0``; other values as repr."""
+    if not isinstance(summary, dict):
+        return repr(summary)
+    return f"tensor {str(summary.get('dtype')).removeprefix('torch.')}{summary.get('shape')} on {summary.get('device')}"
+
+
+def sdpa_text(call):
+    return "F.scaled_dot_product_attention(q, k, v, " + ", ".join(
+        f"{k}={tensor_text(call.get(k))}" for k in ("attn_mask", "dropout_p", "is_causal", "scale")) + ")"
+
+
+def flash_refusal(sdpa, device):
+    """None when PyTorch's FlashAttention kernel takes a recorded SDPA call, replayed here with
+    fresh tensors of its shapes and dtypes on ``device`` under sdpa_kernel(FLASH_ATTENTION);
+    else why not, in PyTorch's words (it explains a refusal in warnings)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    tensors = []
+    for name in ("query", "key", "value"):
+        summary = sdpa.get(name)
+        shape = summary.get("shape") if isinstance(summary, dict) else None
+        dtype = REPLAY_DTYPES.get(str(summary.get("dtype"))) if isinstance(summary, dict) else None
+        if not (isinstance(shape, list) and all(type(n) is int and n > 0 for n in shape) and dtype):
+            return f"{name} is {tensor_text(summary)}, not a floating-point tensor"
+        if np.prod(shape) > REPLAY_NUMEL:   # the sandbox reports the shapes: never trust them with memory
+            return f"{name} has {np.prod(shape):,} elements, more than this check uses"
+        tensors.append(torch.zeros(shape, dtype=dtype, device=device))
+    with warnings.catch_warnings(record=True) as caught, sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.no_grad():
+        warnings.simplefilter("always")
+        try:
+            F.scaled_dot_product_attention(*tensors, dropout_p=sdpa.get("dropout_p"), is_causal=sdpa.get("is_causal"),
+                                           scale=sdpa.get("scale"))
+        except (RuntimeError, TypeError, ValueError) as exc:
+            reasons = [str(w.message).split(" (Triggered internally")[0] for w in caught]
+            return "; ".join(reasons) or str(exc).splitlines()[0]
+    return None
+
+
+def dropping_in_eval(ops):
+    """Recorded calls that drop although the module is in eval mode: SDPA with dropout_p > 0, or
+    dropout with training on (F.dropout's default)."""
+    found = [call for call in sdpa_calls(ops) if _positive(call.get("dropout_p"))]
+    for op in ops:
+        if op.get("kind") == "function" and op.get("name") in ("dropout", "dropout_"):
+            args = op.get("args") if isinstance(op.get("args"), list) else []
+            kwargs = op.get("kwargs") if isinstance(op.get("kwargs"), dict) else {}
+            named = {**dict(zip(("input", "p", "training"), args)), **kwargs}
+            if _positive(named.get("p")) and named.get("training", named.get("train", True)) is True:
+                found.append(op)
+    return found
+
+
+def _positive(value):
+    return type(value) in (int, float) and value > 0
+
+
+def check_output(got, bugs, kata, sd, x, *, flash, device, call, case):
+    """got equals the reference's output (float64, eval mode); if not, the bug oracle it matches is named."""
+    tol = kata.tolerance("float64")
+    expect.array(got, trusted(bugs.reference.CausalSelfAttention, sd, x, flash=flash), call=call, case=case,
+                 device=device, what="the output", **tol,
+                 diagnose=lambda: bugs.match(got, lambda impl: trusted(impl.CausalSelfAttention, sd, x, flash=flash), **tol))
+
+
+def check_reference(learner, bugs, kata, rng, device, *, T):
+    """Each path, float64, equals the reference with the same injected weights."""
+    sd, x = weights(rng, C), normal(rng, B, T, C)
+    for flash in (True, False):
+        got = forward(learner, build(learner, device, sd, flash=flash), x)
+        check_output(got, bugs, kata, sd, x, flash=flash, device=device, call=ctor(C, H, BS, 0.0, flash) + "(x)",
+                     case=case_text(x, extra="eval mode"))
+
+
+def test_matches_reference(learner, bugs, kata, rng, device):
+    """with injected weights, both paths equal the reference (T = block_size, float64)"""
+    check_reference(learner, bugs, kata, rng, device, T=BS)
+
+
+def test_paths_agree(learner, bugs, kata, rng, device):
+    """flash=True and flash=False give the same output in float32 (atol 1e-5)"""
+    tol = kata.tolerance("float32")
+    for T in (T_SHORT, BS):
+        sd = weights(rng, C, torch.float32)
+        x = normal(rng, B, T, C).float()
+        case = case_text(x, extra="eval mode; the same weights in both modules")
+        got = {}
+        for flash in (True, False):
+            call = ctor(C, H, BS, 0.0, flash) + "(x)"
+            got[flash] = forward(learner, build(learner, device, sd, flash=flash), x)
+            form(got[flash], x, device=device, call=call, case=case)
+
+        def diagnose():
+            code = bugs.match((got[True], got[False]), lambda impl: tuple(
+                trusted(impl.CausalSelfAttention, sd, x, flash=flash) for flash in (True, False)), **tol)
+            right = [expect.mismatch(got[flash], trusted(bugs.reference.CausalSelfAttention, sd, x, flash=flash), **tol)
+                     is None for flash in (True, False)]
+            return code or ("paths-disagree" if right == [True, False] else None)
+
+        problem = expect.mismatch(got[False], got[True], **tol)
+        expect.that(problem is None, "The two paths compute different functions: flash=False must give what "
+                    "flash=True gives.", call=f"{ctor(C, H, BS, 0.0, False)}(x) vs {ctor(C, H, BS, 0.0, True)}(x)",
+                    case=case, got=f"the manual path's output vs the flash path's: {problem}",
+                    expected=f"the same output (atol {tol['atol']:g})", diagnose=diagnose)
+
+
+def test_flash_calls_sdpa(learner, bugs, kata, rng, device):
+    """flash=True calls F.scaled_dot_product_attention once, with is_causal=True, no attn_mask, no extra scaling"""
+    tol = kata.tolerance("float64")
+    sd, x = weights(rng, C), normal(rng, B, BS, C)
+    call = ctor(C, H, BS, 0.0, True) + "(x)"
+    case = case_text(x, extra="eval mode")
+    m = build(learner, device, sd, flash=True)
+    forward(learner, m, x)   # first call: lets lazy imports happen before recording
+    with learner.recording() as ops:
+        got = forward(learner, m, x)
+    calls = sdpa_calls(ops)
+    expect.that(bool(calls), "With flash=True the module never calls F.scaled_dot_product_attention: the fused "
+                "kernel is the point of the flash path.", call=call, case=case, got="no SDPA call recorded",
+                expected="F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=...)",
+                diagnose=lambda: "sdpa-not-used")
+    expect.that(len(calls) == 1, "The flash path calls F.scaled_dot_product_attention more than once: one call "
+                "takes every batch element and head at once.", call=call, case=case,
+                got=f"{len(calls)} SDPA calls", expected="1 call with q, k, v shaped (B, n_head, T, head_dim)")
+    sdpa = calls[0]
+    expect.that(sdpa["attn_mask"] is None, "The flash path passes a mask tensor to SDPA. The values are right, "
+                "but an explicit mask rules out the FlashAttention kernel: say is_causal=True instead.",
+                call=call, case=case, got=sdpa_text(sdpa), expected="attn_mask=None, is_causal=True",
+                diagnose=lambda: "sdpa-with-explicit-mask")
+    expect.that(sdpa["is_causal"] is True, "The flash path calls SDPA without is_causal=True, so it is not causal.",
+                call=call, case=case, got=sdpa_text(sdpa), expected="attn_mask=None, is_causal=True")
+    expect.that(sdpa["scale"] is None, "The flash path passes `scale` to SDPA. SDPA already scales by "
+                "1/sqrt(head_dim); leave scale at None and do not scale q or k yourself.", call=call, case=case,
+                got=sdpa_text(sdpa), expected="scale=None",
+                diagnose=lambda: bugs.match(got, lambda impl: trusted(impl.CausalSelfAttention, sd, x, flash=True), **tol))
+    # The point is for SDPA doing the attention: the output must also be right (q or k scaled
+    # before the call shows here).
+    check_output(got, bugs, kata, sd, x, flash=True, device=device, call=call, case=case)
+
+
+def test_sdpa_dropout_follows_mode(learner, bugs, kata, rng, device):
+    """the flash path passes dropout_p=0 to SDPA in eval mode and dropout_p=dropout in train mode"""
+    sd, x = weights(rng, C), normal(rng, B, BS, C)
+    m = build(learner, device, sd, flash=True, dropout=P)
+    forward(learner, m, x)   # first call: lets lazy imports happen before recording
+    for mode, want in (("eval", 0.0), ("train", P)):
+        call = f"{ctor(C, H, BS, P, True)}.{mode}()(x)"
+        case = case_text(x, extra=f"{mode} mode")
+        getattr(m, mode)()
+        with learner.recording() as ops:
+            got = forward(learner, m, x)
+        calls = sdpa_calls(ops)
+        expect.that(len(calls) == 1, "The flash path must call F.scaled_dot_product_attention once per forward.",
+                    call=call, case=case, got=f"{len(calls)} SDPA calls", expected="1",
+                    diagnose=lambda: "sdpa-not-used" if not calls else None)
+        p = calls[0]["dropout_p"]
+        expect.that(type(p) in (int, float) and abs(p - want) < 1e-12,
+                    f"In {mode} mode SDPA must get dropout_p={want:g}. SDPA is a function, not a module: "
+                    "it does not know the mode, so pass `self.dropout if self.training else 0.0`.",
+                    call=call, case=case, got=sdpa_text(calls[0]), expected=f"dropout_p={want:g}",
+                    diagnose=lambda: "dropout-in-eval" if mode == "eval" else None)
+        if mode == "eval":   # the point needs the right values too; train mode's are random
+            check_output(got, bugs, kata, sd, x, flash=True, device=device, call=call, case=case)
+
+
+def test_manual_path_avoids_sdpa(learner, bugs, kata, rng, device):
+    """flash=False writes the attention out by hand: no SDPA call, and the reference's output"""
+    sd, x = weights(rng, C), normal(rng, B, BS, C)
+    call = ctor(C, H, BS, 0.0, False) + "(x)"
+    case = case_text(x, extra="eval mode")
+    m = build(learner, device, sd, flash=False)
+    forward(learner, m, x)   # first call: lets lazy imports happen before recording
+    with learner.recording() as ops:
+        got = forward(learner, m, x)
+    used = banned_in_ops(ops, FUSED)
+    expect.that(not used, "The manual path (flash=False) calls a fused attention: it is the reference the "
+                "flash path is checked against, so write it out.", call=call, case=case,
+                got=", ".join(used), expected="q @ k.transpose(-2, -1), scaling, masked_fill, softmax, @ v")
+    check_output(got, bugs, kata, sd, x, flash=False, device=device, call=call, case=case)
+
+
+def test_eval_deterministic(learner, bugs, kata, rng, device):
+    """eval mode with dropout=0.2 drops nothing, on both paths"""
+    tol = kata.tolerance("float64")
+    sd, x = weights(rng, C), normal(rng, B, BS, C)
+    for flash in (True, False):
+        call = f"{ctor(C, H, BS, P, flash)}.eval()(x)"
+        case = case_text(x, extra="compared with the reference built with dropout=0.0")
+        m = build(learner, device, sd, flash=flash, dropout=P)
+        with learner.recording() as ops:
+            got = forward(learner, m, x)
+        form(got, x, device=device, call=call, case=case)
+
+        def diagnose():
+            if dropping_in_eval(ops):
+                return "dropout-in-eval"
+            return bugs.match(got, lambda impl: trusted(impl.CausalSelfAttention, sd, x, flash=flash, dropout=P,
+                                                        seed=learner.seed), **tol)
+
+        problem = expect.mismatch(got, trusted(bugs.reference.CausalSelfAttention, sd, x, flash=flash), **tol)
+        expect.that(problem is None, f"In eval mode, dropout={P} changed the output: after .eval() nothing may be "
+                    "dropped.", call=call, case=case, got=f"compared with the reference: {problem}",
+                    expected="the reference's output, as with dropout=0.0", diagnose=diagnose)
+
+
+def test_mask_is_buffer(learner, bugs, kata, rng, device):
+    """the causal mask is a buffer named "mask": it moves with .to() and is in state_dict"""
+    sd, x = weights(rng, C), normal(rng, B, T_SHORT, C)
+    call = ctor(C, H, BS, 0.0, False)
+    m = build(learner, device, sd, flash=False)   # .to(device=..., dtype=float64) happened here
+    info = learner.module_info(m)
+    buffers = info["buffers"]
+    register = 'self.register_buffer("mask", torch.ones(block_size, block_size, dtype=torch.bool).tril())'
+    expect.that("mask" in buffers, "The module has no buffer named \"mask\". A plain tensor attribute is "
+                "invisible to .to() and state_dict: the mask stays on the CPU when the module moves to a GPU.",
+                call=f"{call}: named_buffers()", got=", ".join(buffers) or "no buffers", expected=register,
+                diagnose=lambda: "mask-not-buffer")
+    shape, _, where = buffers["mask"]
+    expect.that("mask" in info["state_dict"], "The mask buffer is not in state_dict (persistent=False?): this "
+                "kata keeps it there, as nanoGPT does.", call=f"{call}.state_dict().keys()",
+                got=", ".join(info["state_dict"]), expected="mask, qkv.weight, proj.weight",
+                diagnose=lambda: "mask-not-buffer")
+    expect.that(list(shape[-2:]) == [BS, BS], "The mask buffer should cover block_size x block_size positions: "
+                "forward slices it to T.", call=f"{call}: mask", got=f"shape {tuple(shape)}",
+                expected=f"shape ({BS}, {BS}), or (1, 1, {BS}, {BS})")
+    expect.that(where.split(":")[0] == device, "After .to(), the mask buffer is not on the module's device.",
+                call=f"{call}.to({device!r}): mask", got=where, expected=device)
+    # The point is for a mask that is used: the manual path must mask with it correctly.
+    got = forward(learner, m, x)
+    check_output(got, bugs, kata, sd, x, flash=False, device=device, call=f"{call}(x)",
+                 case=case_text(x, extra="eval mode"))
+
+
+def test_short_sequence(learner, bugs, kata, rng, device):
+    """T < block_size works on both paths: the mask is sliced to T"""
+    check_reference(learner, bugs, kata, rng, device, T=T_SHORT)
+
+
+# --- @cuda checks --------------------------------------------------------------------------------
+
+def cuda_module(learner, rng, *, flash, n_embd=CUDA_C, n_head=CUDA_H, block_size=CUDA_T):
+    """A learner module in bfloat16 on the GPU with injected weights, and those weights."""
+    sd = weights(rng, n_embd, torch.bfloat16)
+    return build(learner, "cuda", sd, flash=flash, n_head=n_head, block_size=block_size), sd
+
+
+def check_bf16(got, sd, x, *, flash, bugs, kata, call, case, n_head=CUDA_H, block_size=CUDA_T):
+    """got (bfloat16, on the GPU) is within bfloat16 rounding of the float64 reference computed from
+    the same bfloat16-rounded weights and input."""
+    tol = kata.tolerance("bfloat16")
+
+    def compute(impl):
+        return trusted(impl.CausalSelfAttention, sd, x.cpu(), flash=flash, n_head=n_head, block_size=block_size)
+
+    expect.array(got, compute(bugs.reference), call=call, case=case, device="cuda", what="the output",
+                 against="the float64 reference", diagnose=lambda: bugs.match(got, compute, **tol), **tol)
+
+
+@pytest.mark.cuda
+def test_flash_eligible_bf16(learner, bugs, kata, rng):
+    """bfloat16 on CUDA: the flash path's SDPA call runs under sdpa_kernel(SDPBackend.FLASH_ATTENTION)"""
+    m, sd = cuda_module(learner, rng, flash=True)
+    x = normal(rng, B, CUDA_T, CUDA_C).to(torch.bfloat16)
+    call = ctor(CUDA_C, CUDA_H, CUDA_T, 0.0, True) + ".to('cuda', torch.bfloat16)(x)"
+    case = case_text(x, CUDA_H, CUDA_T, "eval mode; head_dim 64")
+    forward(learner, m, x)   # first call: lets lazy imports happen before recording
+    with learner.recording() as ops:
+        got = forward(learner, m, x)
+    calls = sdpa_calls(ops)
+    expect.that(len(calls) == 1, "The flash path must call F.scaled_dot_product_attention once per forward.",
+                call=call, case=case, got=f"{len(calls)} SDPA calls", expected="1",
+                diagnose=lambda: "sdpa-not-used" if not calls else None)
+    sdpa = calls[0]
+    tensors = [sdpa.get(name) for name in ("query", "key", "value")]
+    expect.that(all(isinstance(t, dict) and t.get("dtype") == "torch.bfloat16" and str(t.get("device")).startswith("cuda")
+                    for t in tensors), "SDPA must get q, k and v in bfloat16 on the GPU: FlashAttention takes "
+                "half precision only.", call=call, case=case,
+                got=", ".join(f"{n} {tensor_text(t)}" for n, t in zip("qkv", tensors)),
+                expected="q, k, v: torch.bfloat16 on cuda")
+    expect.that(sdpa["attn_mask"] is None, "The flash path passes a mask tensor to SDPA: FlashAttention takes no "
+                "mask tensor, so PyTorch falls back to a slower kernel.", call=call, case=case, got=sdpa_text(sdpa),
+                expected="attn_mask=None, is_causal=True", diagnose=lambda: "sdpa-with-explicit-mask")
+    refusal = flash_refusal(sdpa, "cuda")
+    expect.that(refusal is None, "Under sdpa_kernel(SDPBackend.FLASH_ATTENTION), PyTorch refuses the flash path's "
+                "SDPA call: it would run a slower kernel.", call=call, case=case,
+                got=f"{sdpa_text(sdpa)} with q {tensor_text(tensors[0])}: {refusal}",
+                expected="a call FlashAttention takes: 4-D q, k, v in bfloat16, head_dim a multiple of 8, "
+                "is_causal=True, no mask")
+    check_bf16(got, sd, x, flash=True, bugs=bugs, kata=kata, call=call, case=case)
+
+
+@pytest.mark.cuda
+def test_bf16_close_to_float64(learner, bugs, kata, rng):
+    """bfloat16 on CUDA: both paths are within bfloat16 rounding of a float64 reference"""
+    x = normal(rng, B, CUDA_T, CUDA_C).to(torch.bfloat16)
+    for flash in (True, False):
+        m, sd = cuda_module(learner, rng, flash=flash)
+        call = ctor(CUDA_C, CUDA_H, CUDA_T, 0.0, flash) + ".to('cuda', torch.bfloat16)(x)"
+        case = case_text(x, CUDA_H, CUDA_T, "eval mode; the reference is float64 from the same bfloat16 values")
+        check_bf16(forward(learner, m, x), sd, x, flash=flash, bugs=bugs, kata=kata, call=call, case=case)
+
+
+def judge_benchmark(flash, manual, *, case):
+    """learner.measure's results for the two paths: the flash path's peak memory at most 1/20 of the
+    manual path's, and its time at most 1/3."""
+    expect.that(None not in (flash["peak_bytes"], manual["peak_bytes"]), "The peak CUDA memory could not be measured.",
+                call="learner.measure(module, x)", case=case, got=f"{flash['peak_bytes']}, {manual['peak_bytes']}",
+                expected="bytes")
+    expect.that(flash["peak_bytes"] * MEMORY_RATIO <= manual["peak_bytes"],
+                f"The flash path does not save memory: it should need at most 1/{MEMORY_RATIO} of the manual path's "
+                "peak, since it never materialises the (B, H, T, T) scores.", call="learner.measure(module, x)",
+                case=case, got=f"flash {flash['peak_bytes'] / 2**20:,.1f} MiB, manual {manual['peak_bytes'] / 2**20:,.1f} MiB",
+                expected=f"flash <= manual / {MEMORY_RATIO}")
+    expect.that(flash["seconds"] * SPEEDUP <= manual["seconds"],
+                f"The flash path is not at least {SPEEDUP}x faster than the manual path.",
+                call="learner.measure(module, x)", case=case,
+                got=f"flash {flash['seconds'] * 1e3:.2f} ms, manual {manual['seconds'] * 1e3:.2f} ms per call",
+                expected=f"flash <= manual / {SPEEDUP}")
+
+
+@pytest.mark.cuda
+def test_flash_beats_manual(learner, bugs, kata, rng):
+    """B=4, H=16, head_dim=64, T=4096, bfloat16: the flash path takes <= 1/20 of the manual path's peak memory and is >= 3x faster"""
+    n_embd = BENCH_H * 64
+    x = torch.from_numpy(rng.standard_normal((BENCH_B, BENCH_T, n_embd), dtype=np.float32)).to(torch.bfloat16)
+    case = case_text(x, BENCH_H, BENCH_T, f"eval mode; TF32 off; learner.measure: one warm-up call, then {REPEATS} timed")
+    measured = {}
+    for flash in (True, False):
+        m, sd = cuda_module(learner, rng, flash=flash, n_embd=n_embd, n_head=BENCH_H, block_size=BENCH_T)
+        call = ctor(n_embd, BENCH_H, BENCH_T, 0.0, flash) + ".to('cuda', torch.bfloat16)(x)"
+        # The point is for the right function at this size too: causal attention makes the first
+        # PREFIX outputs of sequence 0 a function of its first PREFIX tokens alone.
+        got = forward(learner, m, x)
+        form(got, x, device="cuda", call=call, case=case)
+        check_bf16(got[:1, :PREFIX], sd, x[:1, :PREFIX], flash=flash, bugs=bugs, kata=kata, call=f"{call}[:1, :{PREFIX}]",
+                   case=case, n_head=BENCH_H, block_size=BENCH_T)
+        measured[flash] = learner.measure(m, x, repeats=REPEATS)
+    judge_benchmark(measured[True], measured[False], case=case)

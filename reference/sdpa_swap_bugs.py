@@ -1,0 +1,56 @@
+"""Known SDPA-swap bugs, each the reference with exactly that mistake."""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from reference.sdpa_swap import CausalSelfAttention
+
+
+class DoubleScale(CausalSelfAttention):
+    def flash_attention(self, q, k, v):
+        q = q * (1.0 / math.sqrt(self.head_dim))   # kept from the manual path: SDPA scales again
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              dropout_p=self.dropout if self.training else 0.0)
+
+
+class DropoutInEval(CausalSelfAttention):
+    def flash_attention(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout)   # in eval too
+
+
+class SdpaWithExplicitMask(CausalSelfAttention):
+    def flash_attention(self, q, k, v):
+        T = q.size(-2)
+        # the right values, but a mask tensor rules out the FlashAttention kernel
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask[:T, :T],
+                                              dropout_p=self.dropout if self.training else 0.0)
+
+
+class SdpaNotUsed(CausalSelfAttention):
+    def flash_attention(self, q, k, v):
+        return self.manual_attention(q, k, v)   # flash=True still materialises the (T, T) scores
+
+
+class PathsDisagree(CausalSelfAttention):
+    def manual_attention(self, q, k, v):
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        att = self.attn_dropout(F.softmax(att, dim=-1))   # no causal mask: the future leaks in
+        return att @ v
+
+
+class MaskNotBuffer(CausalSelfAttention):
+    def __init__(self, n_embd, n_head, block_size, dropout=0.0, flash=True):
+        super().__init__(n_embd, n_head, block_size, dropout, flash)
+        del self.mask
+        self.mask = torch.ones(block_size, block_size, dtype=torch.bool).tril()   # .to() leaves it behind
+
+
+BUGS = {
+    "double-scale": {"CausalSelfAttention": DoubleScale},
+    "dropout-in-eval": {"CausalSelfAttention": DropoutInEval},
+    "sdpa-with-explicit-mask": {"CausalSelfAttention": SdpaWithExplicitMask},
+    "sdpa-not-used": {"CausalSelfAttention": SdpaNotUsed},
+    "paths-disagree": {"CausalSelfAttention": PathsDisagree},
+    "mask-not-buffer": {"CausalSelfAttention": MaskNotBuffer},
+}
