@@ -7,7 +7,7 @@ import torch.nn as nn
 from graders.engine import expect
 from graders.engine.failures import LearnerRaised
 from graders.engine.learner import describe_value
-from graders.engine.structure import banned_in_ops, banned_in_source
+from graders.engine.structure import banned_used
 
 # (B, T, d_model, n_heads): n_heads != head_dim != T, so mixing up heads, time and channels shows.
 CONFIGS = [(2, 7, 24, 4), (3, 5, 30, 2)]
@@ -313,9 +313,9 @@ def test_banned_api(learner, kata, rng, device):
     m(x, causal=True)   # first call: lets lazy imports happen before recording
     with learner.recording() as ops:
         got = m(x, causal=True)
-    used = banned_in_source(learner.source, kata.banned) + banned_in_ops(ops, kata.banned)
+    used = banned_used(learner.source, ops, kata.banned)
     expect.that(not used, "The module uses a library attention this kata forbids.", call=call,
-                got=", ".join(dict.fromkeys(used)), expected="attention written with matmul, masked_fill and softmax",
+                got=", ".join(used), expected="attention written with matmul, masked_fill and softmax",
                 diagnose=lambda: "banned-api")
     # The point is for attention written by hand, so the module must also compute it.
     pair(got, call=call, case=case)

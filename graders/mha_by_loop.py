@@ -10,7 +10,7 @@ import torch
 from graders.engine import expect
 from graders.engine.failures import LearnerRaised
 from graders.engine.learner import describe_value
-from graders.engine.structure import banned_in_ops, banned_in_source
+from graders.engine.structure import banned_used
 from reference import mha_by_loop as ref
 
 # (B, T, C, H): H != head_dim in each. In the first, B, T, H, head_dim, B*H and C all differ, so the
@@ -189,7 +189,7 @@ def test_per_head_loop(learner, bugs, kata, rng, device):
     expect.that(not called, "mha_by_loop calls the module itself, mha(x): that is the vectorised computation, "
                 "not a loop over heads.", call=CALL, case=case, got=f"{len(called)} call(s) of CausalSelfAttention",
                 expected=f"no call of mha; {per_head}", diagnose=lambda: "not-a-loop")
-    used = list(dict.fromkeys(banned_in_source(learner.source, kata.banned) + banned_in_ops(ops, kata.banned)))
+    used = banned_used(learner.source, ops, kata.banned)
     expect.that(not used, "mha_by_loop uses a library attention: this kata is to write each head's attention "
                 "yourself.", call=CALL, case=case, got=", ".join(used),
                 expected=f"attention written by hand: {per_head}", diagnose=lambda: "not-a-loop")

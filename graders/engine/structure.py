@@ -66,3 +66,8 @@ def banned_in_ops(ops: list[dict], banned) -> list[str]:
 
 def ops_named(ops: list[dict], name: str) -> list[dict]:
     return [op for op in ops if op.get("name") == name]
+
+
+def banned_used(source: str, ops: list[dict], banned) -> list[str]:
+    """Banned names the learner's code uses, seen in its source or in the recorded calls, once each."""
+    return list(dict.fromkeys(banned_in_source(source, banned) + banned_in_ops(ops, banned)))
