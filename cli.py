@@ -5,13 +5,15 @@ Thin on purpose: parse the command line, call the engine in graders/engine, rend
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import click
 
-from graders.engine import manifest
+from graders.engine import manifest, release
 from graders.engine.manifest import Kata, ManifestError
 from graders.engine.report import bar, render
 from graders.engine.runner import DEVICES, RunnerError, grade, new_seed
@@ -44,6 +46,12 @@ def _kata(name: str) -> Kata:
         raise click.BadParameter(str(exc), param_hint="KATA") from None
     except ManifestError as exc:
         raise EnvironmentProblem(str(exc)) from None
+
+
+def _full_kit(command: str):
+    """Refuse, plainly, a command that needs the reference when this kit is a student bundle."""
+    if release.bundle_info() is not None:
+        raise EnvironmentProblem(release.NO_REFERENCE.format(command=command))
 
 
 def _all_katas() -> tuple[Kata, ...]:
@@ -136,11 +144,16 @@ def check(kata_name, file, as_json, device, seed, workspace):
         if not jobs:
             raise click.UsageError(f"No kata started in {ws.root}. `kata list` shows them; "
                                    "`kata start softmax` begins the first.")
-    seed = new_seed() if seed is None else seed
+    bundle = release.bundle_info()
+    if bundle is not None and seed not in (None, bundle["seed"]):
+        raise click.UsageError(f"This student bundle recorded its expected values at seed {bundle['seed']} only: "
+                               "leave out --seed (or give that one). Other seeds run when your instructor grades.")
+    seed = (bundle["seed"] if bundle else new_seed()) if seed is None else seed
     results = []
     for kata, path in jobs:
         try:
-            result = grade(kata, path, seed=seed, device=device)
+            # Self-study replays hidden checks too: --seed draws their inputs as well.
+            result = grade(kata, path, seed=seed, device=device, hidden_seed=seed)
         except RunnerError as exc:
             raise EnvironmentProblem(str(exc)) from None
         results.append(result)
@@ -180,6 +193,7 @@ def hint(kata_name, workspace):
 @workspace_option
 def solution(kata_name, force, workspace):
     """Show KATA's reference solution, once you have passed it."""
+    _full_kit("solution")
     kata = _kata(kata_name)
     ws = _workspace(workspace)
     state = ws.kata_state(kata)
@@ -210,6 +224,80 @@ def reset(kata_name, workspace):
     click.echo(f"Restored the stub in {target}")
 
 
+def _kata_list(values: tuple[str, ...]) -> list[Kata]:
+    names = [name.strip() for value in values for name in value.split(",") if name.strip()]
+    if not names:
+        return list(_all_katas())
+    chosen = {_kata(name).slug for name in names}
+    return [k for k in _all_katas() if k.slug in chosen]
+
+
+@main.command("grade")
+@click.argument("submissions", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Folder for grades.csv, summary.md and each learner's results.json and feedback.md.")
+@click.option("--katas", "kata_names", multiple=True, metavar="KATA[,KATA...]",
+              help="Grade only these katas (comma-separated or repeated); all by default.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)),
+              show_default="the number of CPUs", help="Pairs graded at the same time.")
+@click.option("--force", is_flag=True, help="Grade again pairs that are already graded and unchanged.")
+@click.option("--seed", type=int, help="Seed of the public checks' inputs (random if not given).")
+@click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
+              help="Where the graders run: every learner of a class on the same kind of device.")
+@click.option("--show-hidden-diagnoses", is_flag=True,
+              help="Tell learners the diagnosis of a failed hidden check (never its inputs).")
+def grade_class(submissions, out, kata_names, jobs, force, seed, device, show_hidden_diagnoses):
+    """Grade a class: SUBMISSIONS/<learner>/<kata file> for every learner and kata.
+
+    Writes OUT/grades.csv, OUT/summary.md (what the class got wrong) and, per learner,
+    OUT/<learner>/results.json (Gradescope's format) and feedback.md. Each finished pair is saved
+    at once: a second run skips pairs whose file and kit are unchanged, so an interrupted run
+    resumes. As root, learner code runs as an unprivileged user, and the kit's reference and
+    graders, SUBMISSIONS and OUT are made readable by root only.
+    """
+    _full_kit("grade")
+    from graders.engine.batch import Grading, protect
+    from graders.engine.sandbox import SandboxUnusable, sandbox_uid
+
+    try:
+        sandbox_uid()
+    except SandboxUnusable as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    katas = _kata_list(kata_names)
+    if out.resolve().is_relative_to(submissions.resolve()):
+        raise click.BadParameter("OUT must not be inside SUBMISSIONS (it would be graded as a learner).",
+                                 param_hint="--out")
+    out.mkdir(parents=True, exist_ok=True)
+    run = Grading(submissions, out, katas, jobs=jobs, force=force, seed=seed, device=device,
+                  show_hidden_diagnoses=show_hidden_diagnoses)
+    if not run.learners:
+        raise click.UsageError(f"{submissions} holds no learner folders (SUBMISSIONS/<learner>/<file>.py).")
+    protect(run.protected)
+    todo = run.todo()
+    click.echo(f"Grading {len(run.learners)} learner(s) x {len(katas)} kata(s): {len(todo)} pair(s) to grade, "
+               f"{len(run.pairs) - len(todo)} unchanged since their last grading; seed {run.seed}.", err=True)
+    started = time.perf_counter()
+    done = 0
+    with click.progressbar(length=len(todo), label="grading", show_pos=True, show_eta=True, file=sys.stderr,
+                           item_show_func=lambda rate: rate) as progress:
+        def advance(pair, result):
+            nonlocal done
+            done += 1
+            progress.update(1, f"{done / (time.perf_counter() - started):.1f} pairs/s")
+
+        try:
+            run.run(todo, advance)
+        except KeyboardInterrupt:
+            click.echo(f"\nInterrupted: {done} of {len(todo)} pair(s) graded and saved; "
+                       "run the same command again to grade the rest.", err=True)
+            sys.exit(130)
+    run.write_class_files()
+    elapsed = time.perf_counter() - started
+    per_pair = f", {elapsed / len(todo):.2f} s per pair" if todo else ""
+    click.echo(f"Graded {len(todo)} pair(s) in {elapsed:.1f} s{per_pair}. Wrote {out / 'grades.csv'}, "
+               f"{out / 'summary.md'} and {len(run.learners)} learner folder(s).")
+
+
 @main.command()
 @click.argument("kata_name", metavar="[KATA]", required=False)
 @click.option("--seed", type=int, help="Seed for the graded runs (random if not given).")
@@ -222,6 +310,7 @@ def lint(kata_name, seed):
     """
     from graders.engine.lint import lint as lint_kata
 
+    _full_kit("lint")
     katas = [_kata(kata_name)] if kata_name else _all_katas()
     seed = new_seed() if seed is None else seed
     click.echo(f"Linting {len(katas)} kata(s) with seed {seed}")
@@ -237,6 +326,54 @@ def lint(kata_name, seed):
     problems = [f for f in findings if not f.ok]
     click.echo(f"lint: {len(findings) - len(problems)} ok, {len(problems)} problem(s)")
     sys.exit(1 if problems else 0)
+
+
+@main.command("release")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="A new (or empty) folder for the student bundle.")
+@click.option("--katas", "kata_names", multiple=True, metavar="KATA[,KATA...]",
+              help="Bundle only these katas (comma-separated or repeated); all by default.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="The one seed at which the bundle records expected values (its `kata check` uses it).")
+def release_(out, kata_names, seed):
+    """Build a student bundle: the kit without reference/, bug oracles or hidden checks.
+
+    OUT is an installable project (`pip install OUT`). Its `kata check` runs the public checks
+    against expected values recorded here from the reference (diagnoses included, recorded from
+    the bug oracles), and says that the hidden checks run when you grade.
+    """
+    katas = _kata_list(kata_names)
+    click.echo(f"Recording {len(katas)} kata(s) at seed {seed} into {out} ...")
+    try:
+        release.build(out, katas, seed=seed, progress=lambda text: click.echo(f"  {text}"))
+    except (release.ReleaseError, RunnerError) as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    click.echo(f"Wrote the student bundle {out}: `pip install {out}`, then `kata start {katas[0].slug}`.")
+
+
+@main.command()
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the zip, e.g. autograder.zip.")
+@click.option("--katas", "kata_names", multiple=True, metavar="KATA[,KATA...]",
+              help="Grade only these katas (comma-separated or repeated); all by default.")
+def gradescope(out, kata_names):
+    """Build a Gradescope autograder zip that grades KATAS with this kit.
+
+    Upload it as the assignment's autograder (Configure Autograder, zip file upload). Its setup.sh
+    installs Python, the CPU build of the torch installed here and a wheel of this kit; its
+    run_autograder grades the learner's files (softmax.py, causal_mask.py ...) with `kata grade`
+    and always writes results.json, with score 0 and the reason when grading could not finish.
+    """
+    _full_kit("gradescope")
+    from graders.engine.gradescope import GradescopeError, build
+
+    katas = _kata_list(kata_names)
+    try:
+        built = build(out, katas)
+    except GradescopeError as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    click.echo(f"Wrote {out} ({built['size'] / 1e6:.1f} MB): katas {', '.join(built['katas'])}; "
+               f"{built['wheel']}; torch {built['torch']} (CPU build).")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ import torch
 from graders.engine import expect
 from graders.engine.failures import LearnerRaised
 from graders.engine.learner import describe_value
+from graders.engine.recording import recorded
 from graders.engine.structure import banned_used
-from reference import mha_by_loop as ref
 
 # (B, T, C, H): H != head_dim in each. In the first, B, T, H, head_dim, B*H and C all differ, so the
 # op recorder tells a head axis from batch, time and channels.
@@ -68,16 +68,27 @@ def module(cls, sd, H):
     return m
 
 
-def expected(sd, H, x):
-    """What the original module computes, in float64 on the CPU, returned in x's dtype."""
+@recorded
+def forward(cls, sd, H, x):
+    """What a trusted module computes, in float64 on the CPU, returned in x's dtype."""
     with torch.no_grad():
-        return module(ref.CausalSelfAttention, sd, H)(x.double()).to(x.dtype)
+        return module(cls, sd, H)(x.double()).to(x.dtype)
+
+
+def expected(bugs, sd, H, x):
+    """What the original module computes: the given class as the reference ships it."""
+    return forward(bugs.reference.CausalSelfAttention, sd, H, x)
+
+
+@recorded
+def looped(mha_by_loop, cls, sd, H, x):
+    """A trusted mha_by_loop (the reference's or a bug oracle's), on a trusted module."""
+    with torch.no_grad():
+        return mha_by_loop(module(cls, sd, H), x.double()).to(x.dtype)
 
 
 def loop(impl, sd, H, x):
-    """The reference's or a bug oracle's mha_by_loop, on a trusted module."""
-    with torch.no_grad():
-        return impl.mha_by_loop(module(impl.CausalSelfAttention, sd, H), x.double()).to(x.dtype)
+    return looped(impl.mha_by_loop, impl.CausalSelfAttention, sd, H, x)
 
 
 def transposed(sd, qkv, proj):
@@ -92,7 +103,7 @@ def diagnosis(bugs, got, sd, H, x, tol):
     weights: the oracle forgets the transpose on qkv's blocks; a learner may forget it on proj's too,
     or on proj's only."""
     code = bugs.match(got, lambda impl: loop(impl, sd, H, x), **tol)
-    if code is None and any(expect.same(got, expected(transposed(sd, *where), H, x), **tol)
+    if code is None and any(expect.same(got, expected(bugs, transposed(sd, *where), H, x), **tol)
                             for where in ((True, True), (False, True))):
         return "missing-weight-transpose"
     return code
@@ -151,22 +162,9 @@ def test_matches_module(learner, bugs, kata, rng, device):
         sd, x = weights(rng, C), normal(rng, B, T, C)
         case = case_text(x, H)
         got = guarded(lambda: learner.mha_by_loop(build(learner, device, sd, H), x), C, call=CALL, case=case)
-        expect.array(got, expected(sd, H, x), call=CALL, case=case, device=device, what="the output",
+        expect.array(got, expected(bugs, sd, H, x), call=CALL, case=case, device=device, what="the output",
                      against=AGAINST, diagnose=lambda: diagnosis(bugs, got, sd, H, x, tol),
                      **tol)
-
-
-def test_float32_matches_module(learner, bugs, kata, rng, device):
-    """float32 in, float32 out, within atol 1e-5 of the module"""
-    tol = kata.tolerance("float32")
-    for B, T, C, H in CONFIGS[:2]:
-        sd = {k: v.float() for k, v in weights(rng, C).items()}
-        x = normal(rng, B, T, C).float()
-        case = case_text(x, H)
-        got = guarded(lambda: learner.mha_by_loop(build(learner, device, sd, H), x), C, call=CALL, case=case)
-        expect.array(got, expected(sd, H, x), call=CALL, case=case, device=device, what="the output",
-                     against="the module's forward (computed in float64)",
-                     diagnose=lambda: diagnosis(bugs, got, sd, H, x, tol), **tol)
 
 
 def test_per_head_loop(learner, bugs, kata, rng, device):
@@ -205,7 +203,7 @@ def test_per_head_loop(learner, bugs, kata, rng, device):
                 call=CALL, case=case, got=", ".join(op_text(op) for op in singles) or "no per-head matmul",
                 expected=per_head, diagnose=lambda: "not-a-loop")
     # The point is for a loop that computes the module's output.
-    expect.array(got, expected(sd, H, x), call=CALL, case=case, device=device, what="the output",
+    expect.array(got, expected(bugs, sd, H, x), call=CALL, case=case, device=device, what="the output",
                  against=AGAINST, diagnose=lambda: diagnosis(bugs, got, sd, H, x, tol), **tol)
 
 
@@ -214,7 +212,7 @@ def test_eval_no_grad_safe(learner, bugs, kata, rng, device):
     B, T, C, H = CONFIGS[2]
     tol = kata.tolerance("float64")
     sd, x = weights(rng, C), normal(rng, B, T, C)
-    want = expected(sd, H, x)
+    want = expected(bugs, sd, H, x)
     m = build(learner, device, sd, H)
     # Under torch.no_grad() nothing tracks gradients, so an in-place edit of a weight goes through
     # silently; frozen weights (requires_grad=False) are the same situation in the sandbox.
@@ -263,7 +261,7 @@ def test_given_class_unchanged(learner, bugs, kata, rng, device):
     m = build(learner, device, sd, H)
     own = m(x)   # before mha_by_loop runs: a loop that edits the weights fails eval-no-grad-safe, not this
     got = guarded(lambda: learner.mha_by_loop(m, x), C, call=CALL, case=case)
-    want = expected(sd, H, x)
+    want = expected(bugs, sd, H, x)
     call = f"CausalSelfAttention({C}, {H}, {BLOCK})(x)"
     expect.type_of(own, torch.Tensor, call=call, case=case, what="the module's output")
     problem = expect.mismatch(own, want, **tol) if tuple(own.shape) == tuple(want.shape) \

@@ -3,21 +3,20 @@ import numpy as np
 
 from graders.engine import expect
 from graders.engine.structure import banned_used
-from reference.softmax import softmax as reference
 
 SHAPES = [(9,), (4, 7), (2, 5, 6), (2, 3, 4, 5)]
 DTYPES = [np.float64, np.float32]
 
 
-def expected(x, axis):
+def expected(bugs, x, axis):
     """The reference in float64, cast back to the input's dtype."""
-    return reference(x.astype(np.float64), axis).astype(x.dtype)
+    return bugs.reference.softmax(x.astype(np.float64), axis).astype(x.dtype)
 
 
 def check_values(got, x, axis, bugs, kata, case):
     """``got`` is softmax(x, axis); a property check holds only for a result that is right."""
     tol = kata.tolerance(x.dtype)
-    expect.array(got, expected(x, axis), call=f"softmax(x, axis={axis})", case=case, **tol,
+    expect.array(got, expected(bugs, x, axis), call=f"softmax(x, axis={axis})", case=case, **tol,
                  diagnose=lambda: bugs.match(got, lambda impl: impl.softmax(x, axis=axis), **tol))
 
 
@@ -33,19 +32,6 @@ def test_matches_reference(learner, bugs, kata, rng):
             for axis in range(-len(shape), len(shape)):
                 check_against_reference(learner, bugs, kata, x, axis,
                                         f"x: {np.dtype(dtype)} {shape}, standard normal")
-
-
-def test_sums_to_one(learner, bugs, kata, rng):
-    """slices along axis sum to 1"""
-    x = rng.standard_normal((3, 4, 5))
-    tol = kata.tolerance("float64")
-    for axis in (0, 1, 2, -1):
-        got = learner.softmax(x, axis=axis)
-        expect.type_of(got, np.ndarray, call=f"softmax(x, axis={axis})")
-        sums = got.sum(axis=axis)
-        expect.values(sums, np.ones_like(sums), call=f"softmax(x, axis={axis}).sum(axis={axis})",
-                      case="x: float64 (3, 4, 5), standard normal", what="the sums along axis", **tol,
-                      diagnose=lambda: bugs.match(got, lambda impl: impl.softmax(x, axis=axis), **tol))
 
 
 def test_stable_for_large_logits(learner, bugs, kata, rng):

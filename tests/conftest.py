@@ -22,7 +22,7 @@ def grade_source(tmp_path):
         path = tmp_path / (file_name or kata.learner_file)
         path.write_text(source, encoding="utf-8")
         before = path.read_bytes()
-        result = grade(kata, path, seed=seed, device="cpu")
+        result = grade(kata, path, seed=seed, hidden_seed=seed, device="cpu")   # reproducible, hidden checks too
         assert path.read_bytes() == before, "grading changed the learner's file"
         return result
 

@@ -72,7 +72,7 @@ def test_os_exit_inside_a_call_fails_that_check_and_the_run_completes(grade_sour
                                                   "    return _real(x, axis)\n")
     check = checks_by_id(result)["matches-reference"]
     assert check["status"] == "error" and "exited with status 3" in check["message"]
-    assert checks_by_id(result)["sums-to-one"]["status"] == "passed"   # a fresh sandbox went on
+    assert checks_by_id(result)["stable-for-large-logits"]["status"] == "passed"   # a fresh sandbox went on (2-D inputs)
 
 
 def test_endless_loop_at_import_times_out(grade_source):

@@ -12,3 +12,11 @@ def test_check_overhead_prints_a_ratio_per_kata():
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert re.search(r"^softmax\s+\d+\.\d+ s\s+\d+\.\d+ s\s+\d+\.\d+x$", run.stdout, re.M), run.stdout
+
+
+def test_grade_class_prints_the_cost_per_pair():
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "grade_class.py"), "--learners", "2",
+                          "--naive-sample", "1"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^kata grade:\s+\d+\.\d+ s in total, \d+\.\d+ s per \(learner, kata\)$", run.stdout, re.M), run.stdout
+    assert re.search(r"^kata grade, resumed:\s+\d+\.\d+ s", run.stdout, re.M), run.stdout

@@ -1,7 +1,6 @@
 """The `kata` command, end to end through the installed console script in a subprocess (and a
 few cases through Click's CliRunner where a prompt is answered)."""
 import json
-from pathlib import Path
 
 import jsonschema
 from click.testing import CliRunner
@@ -155,7 +154,7 @@ def test_cuda_without_a_gpu_is_an_environment_error(kata_cmd):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
     kata = next(k for k in katas() if k.framework == "torch")
-    (kata_cmd.workspace / kata.learner_file).write_text(f"from reference.{kata.module} import *\n")
+    (kata_cmd.workspace / kata.learner_file).write_text(kata.reference_path.read_text())
     run = kata_cmd("check", kata.slug, "--device", "cuda")
     assert run.returncode == 2 and "no CUDA device" in run.stderr
 

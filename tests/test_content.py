@@ -14,7 +14,8 @@ ORACLES = [(k.slug, code) for k in katas() for code in Bugs(k).codes]
 @pytest.mark.parametrize("slug", KATAS)
 def test_reference_passes_with_full_score(slug, grade_source):
     kata = next(k for k in katas() if k.slug == slug)
-    result = grade_source(slug, f"from reference.{kata.module} import *\n")
+    # Its source, not an import: as root the sandbox cannot read reference/.
+    result = grade_source(slug, kata.reference_path.read_text())
     failed = {c["id"]: c["message"] for c in result["checks"] if c["status"] not in ("passed", "skipped")}
     assert failed == {}
     assert result["status"] == "passed"

@@ -4,9 +4,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import checks_by_id
+from graders.engine.manifest import find
 from reference.causal_mask import causal_mask, masked_attention, padding_mask
 
-REFERENCE = "from reference.causal_mask import *\n"
+REFERENCE = find("causal-mask").reference_path.read_text()
 
 
 def test_sdpa_is_causal_is_top_left_where_the_kata_is_bottom_right():

@@ -5,7 +5,7 @@ import torch
 
 from conftest import checks_by_id
 from graders.engine.manifest import find
-from graders.mha_by_loop import CONFIGS, attention_product, expected, transposed, weights
+from graders.mha_by_loop import CONFIGS, attention_product, forward, transposed, weights
 from reference.mha_by_loop_bugs import mha_by_loop_no_transpose
 from reference.mha_by_loop import CausalSelfAttention
 
@@ -63,7 +63,7 @@ def test_forgetting_the_transpose_is_the_module_on_transposed_weights():
     m = CausalSelfAttention(C, H, 16).double().eval()
     m.load_state_dict(sd)
     with torch.no_grad():
-        torch.testing.assert_close(mha_by_loop_no_transpose(m, x), expected(transposed(sd, True, False), H, x))
+        torch.testing.assert_close(mha_by_loop_no_transpose(m, x), forward(CausalSelfAttention, transposed(sd, True, False), H, x))
 
 
 def test_another_correct_loop_passes(grade_source):

@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from conftest import checks_by_id
 from graders.engine.failures import CheckFailed
-from graders.sdpa_swap import BS, C, H, dropping_in_eval, flash_refusal, judge_benchmark, normal, sdpa_calls, trusted, weights
+from graders.sdpa_swap import C, H, dropping_in_eval, flash_refusal, judge_benchmark, normal, sdpa_calls, trusted, weights
 from reference.sdpa_swap import CausalSelfAttention
 
 SOLUTION = '''

@@ -1,21 +1,31 @@
 """The sandbox and the adapter, below the graders: limits, forged replies, strict decoding."""
 import io
-import sys
 
 import numpy as np
 import pytest
 
 from graders.engine.failures import LearnerRaised, NotStarted, SandboxFailed
 from graders.engine.learner import Foreign, Learner, Remote, _array
-from graders.engine.sandbox import Sandbox
+from graders.engine.sandbox import Sandbox, Zygote
 from graders.engine.worker import MAX_HEADER, encode_frame, parse_frame
+
+
+ZYGOTES = {}   # one per framework for the whole module: sandboxes after crashes reuse it
+
+
+@pytest.fixture(scope="module", autouse=True)
+def close_zygotes():
+    yield
+    for zygote in ZYGOTES.values():
+        zygote.close()
 
 
 def learner_for(tmp_path, source, framework="numpy", **limits):
     path = tmp_path / "mod.py"
     path.write_text(source)
+    zygote = ZYGOTES.setdefault(framework, Zygote([framework]))
     options = dict(framework=framework, module_name="mod", timeout_s=5, import_timeout_s=5, memory_mb=1024)
-    sandbox = Sandbox(path, **{**options, **limits}).start()
+    sandbox = Sandbox(path, zygote=zygote, **{**options, **limits}).start()
     return Learner(sandbox), sandbox
 
 
@@ -85,7 +95,10 @@ def test_data_limit_turns_a_hog_into_memory_error(tmp_path):
 
 
 def test_forged_bytes_on_the_reply_channel_are_a_protocol_error(tmp_path):
-    source = "import os, sys\ndef forge():\n    os.write(int(sys.argv[2]), b'\\xff\\xff\\xff\\xff')\n    return 1\n"
+    # The reply channel's fd is the worker's to know; learner code can find it all the same.
+    source = ("import gc, os\ndef forge():\n"
+              "    worker = next(o for o in gc.get_objects() if type(o).__name__ == 'Worker')\n"
+              "    os.write(worker.resp_fd, b'\\xff\\xff\\xff\\xff')\n    return 1\n")
     learner, sandbox = learner_for(tmp_path, source)
     with sandbox:
         with pytest.raises(SandboxFailed, match="malformed reply"):

@@ -97,7 +97,7 @@ def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Findin
             path.write_text(source, encoding="utf-8")
             return grade(kata, path, seed=seed, device="cpu")
 
-        result = run(f"from reference.{kata.module} import *  # noqa: F403\n")
+        result = run(kata.reference_path.read_text(encoding="utf-8"))
         # Skipped checks (@cuda without a GPU) do not count: the result's max_score leaves them out.
         full = result["status"] == "passed" and result["score"] == result["max_score"]
         skipped = sum(c["status"] == "skipped" for c in result["checks"])

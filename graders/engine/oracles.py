@@ -4,11 +4,16 @@
 Each bug is the reference with those names replaced. A failed check asks ``Bugs.match`` which
 bug produces exactly the learner's output on the same inputs; a bug that gives the reference's
 own output on those inputs cannot be told apart there and is never named.
+
+Graders reach the reference and the bugs only through ``Bugs``: ``bugs.reference`` and each
+``impl`` are ``Oracle`` proxies whose calls go through a ``Book`` (see recording.py), so a
+student bundle can replay them without the code. There ``Bugs`` imports nothing from reference/.
 """
 from __future__ import annotations
 
 import importlib
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
@@ -16,14 +21,22 @@ import numpy as np
 
 from .expect import same
 from .manifest import Kata
+from .recording import Book, NotRecorded, Oracle
 
 
 class Bugs:
-    def __init__(self, kata: Kata):
-        self.reference = importlib.import_module(f"reference.{kata.module}")
+    def __init__(self, kata: Kata, book: Book | None = None, *, codes: list[str] | None = None):
+        """The full kit's oracles; in a bundle (``book`` replays) only their ``codes`` are known."""
+        self.book = book or Book()
+        if self.book.replaying:
+            self.reference = Oracle(self.book, "reference", None)
+            self.impls = {code: Oracle(self.book, code, None) for code in codes}
+            return
+        module = importlib.import_module(f"reference.{kata.module}")
         self.module = importlib.import_module(f"reference.{kata.module}_bugs")
-        public = {k: v for k, v in vars(self.reference).items() if not k.startswith("_")}
-        self.impls = {code: SimpleNamespace(**{**public, **overrides})
+        public = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+        self.reference = Oracle(self.book, "reference", module)
+        self.impls = {code: Oracle(self.book, code, SimpleNamespace(**{**public, **overrides}))
                       for code, overrides in self.module.BUGS.items()}
 
     @property
@@ -40,7 +53,10 @@ class Bugs:
             return self._match(got, compute, rtol=rtol, atol=atol, among=among)
 
     def _match(self, got, compute, *, rtol, atol, among):
-        expected = compute(self.reference)
+        try:
+            expected = compute(self.reference)
+        except NotRecorded:   # a bundle that did not record this call names no bug
+            return None
         for code, impl in self.impls.items():
             # banned-api oracles compute the right values with a forbidden call: structural only.
             if code == "banned-api" or (among is not None and code not in among):
@@ -54,8 +70,20 @@ class Bugs:
         return None
 
     def shim(self, code: str) -> str:
-        """Source of a learner file that is this bug: how `kata lint` and the tests grade a bug."""
-        lines = [f"from reference.{self.reference.__name__.rsplit('.', 1)[-1]} import *  # noqa: F403"]
+        """Source of a learner file that is this bug: how `kata lint` and the tests grade a bug.
+
+        Self-contained: it embeds the reference and bug modules, since a sandbox may not read
+        reference/ (as root it cannot)."""
+        reference = self.reference.namespace.__name__
+        lines = ["import sys as _sys, types as _types",
+                 "_sys.modules['reference'] = _package = _types.ModuleType('reference')",
+                 "_package.__path__ = []"]
+        for module in (self.reference.namespace, self.module):
+            name = module.__name__
+            lines += [f"_module = _sys.modules[{name!r}] = _types.ModuleType({name!r})",
+                      f"setattr(_package, {name.rpartition('.')[2]!r}, _module)",
+                      f"exec(compile({Path(module.__file__).read_text()!r}, {name!r}, 'exec'), _module.__dict__)"]
+        lines.append(f"from {reference} import *  # noqa: F403")
         for name, impl in self.module.BUGS[code].items():
             lines.append(f"from {self.module.__name__} import {impl.__name__} as {name}")
         return "\n".join(lines) + "\n"

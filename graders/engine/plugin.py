@@ -5,11 +5,18 @@ seed and the check's id, so ``--seed`` replays any check alone), ``kata`` (the m
 (the bug oracles), ``device`` ("cpu" or "cuda"). A check is a ``test_*`` function; its id is the
 name without ``test_``, with ``-`` for ``_``; its name is the first line of its docstring.
 ``@pytest.mark.cuda`` checks are skipped, saying why, unless the run's device is CUDA.
+
+Hidden checks live in ``graders/<module>_hidden.py`` (a separate file, so a student bundle leaves
+them out whole); their ``rng`` is seeded from the run's ``hidden_seed``, fresh for each grading.
+In a bundle (``release`` given) the hidden checks and the checks it recorded no values for are
+reported as skipped, and the ``bugs`` fixture replays recorded oracle values.
 """
 from __future__ import annotations
 
+import ast
 import traceback
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,12 +25,40 @@ from .failures import CheckFailed
 from .learner import Learner
 from .manifest import Kata
 from .oracles import Bugs
+from .recording import Book
 
 RUN = pytest.StashKey["GradingPlugin"]()
 
 
+HIDDEN_SUFFIX = "_hidden.py"
+
+
+def hidden_grader(kata: Kata) -> Path:
+    """Where the kata's hidden checks live (a student bundle has no such file)."""
+    return kata.grader_path.with_name(kata.module + HIDDEN_SUFFIX)
+
+
+def grader_files(kata: Kata) -> list[Path]:
+    hidden = hidden_grader(kata)
+    return [kata.grader_path] + ([hidden] if hidden.is_file() else [])
+
+
+def check_names(path: Path) -> dict[str, str]:
+    """{check id: name} of a grader file, read from its source: nothing is imported or run."""
+    names = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            cid = node.name.removeprefix("test_").replace("_", "-")
+            names[cid] = (ast.get_docstring(node) or cid).strip().splitlines()[0]
+    return names
+
+
 def check_id(item) -> str:
     return item.originalname.removeprefix("test_").replace("_", "-")
+
+
+def is_hidden(item) -> bool:
+    return item.path.name.endswith(HIDDEN_SUFFIX)
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +68,8 @@ def learner(request):
 
 @pytest.fixture
 def rng(request):
-    seed = request.config.stash[RUN].seed
+    run = request.config.stash[RUN]
+    seed = run.hidden_seed if is_hidden(request.node) else run.seed
     return np.random.default_rng([seed, zlib.crc32(check_id(request.node).encode())])
 
 
@@ -44,7 +80,8 @@ def kata(request):
 
 @pytest.fixture(scope="session")
 def bugs(request):
-    return Bugs(request.config.stash[RUN].kata)
+    run = request.config.stash[RUN]
+    return Bugs(run.kata, run.book, codes=run.release and run.release["codes"])
 
 
 @pytest.fixture(scope="session")
@@ -53,8 +90,10 @@ def device(request):
 
 
 class GradingPlugin:
-    def __init__(self, kata: Kata, sandbox, *, seed: int, device: str):
+    def __init__(self, kata: Kata, sandbox, *, seed: int, device: str, hidden_seed: int, book: Book,
+                 release: dict | None = None):
         self.kata, self.sandbox, self.seed, self.device = kata, sandbox, seed, device
+        self.hidden_seed, self.book, self.release = hidden_seed, book, release
         self.adapter = Learner(sandbox, device=device, seed=seed)
         self.reports: dict[str, dict] = {}
         self.problems: list[str] = []
@@ -72,7 +111,8 @@ class GradingPlugin:
 
     def pytest_collection_modifyitems(self, items):
         found = [check_id(item) for item in items]
-        missing = sorted(set(self.kata.checks) - set(found))
+        expected = set(self.kata.checks) - set(self.release["hidden"] if self.release else ())
+        missing = sorted(expected - set(found))
         unknown = sorted(set(found) - set(self.kata.checks))
         if missing or unknown:
             self.problems.append(
@@ -81,8 +121,12 @@ class GradingPlugin:
                 + (f"; no points for {', '.join(unknown)}" if unknown else "") + ".")
 
     def pytest_runtest_setup(self, item):
+        self.book.muted = is_hidden(item)
         if item.get_closest_marker("cuda") and self.device != "cuda":
             pytest.skip("needs a CUDA device: none is present, or the run asked for --device cpu")
+        if self.release and check_id(item) not in self.release["recorded"]:
+            pytest.skip("this student bundle holds no recorded values for it (it needs a CUDA device, "
+                        "which the machine that built the bundle lacked); it runs when your instructor grades")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -96,7 +140,8 @@ class GradingPlugin:
         doc = (item.function.__doc__ or cid).strip().splitlines()[0]
         points = self.kata.checks.get(cid, 0.0)
         entry = {"id": cid, "name": doc, "status": "passed", "score": points, "max_score": points,
-                 "message": "", "diagnosis": None, "duration_s": round(report.duration, 3)}
+                 "message": "", "diagnosis": None, "visibility": "hidden" if is_hidden(item) else "visible",
+                 "duration_s": round(report.duration, 3)}
         printed = self.adapter.take_output()
         if report.skipped:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)

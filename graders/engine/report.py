@@ -28,7 +28,7 @@ def render(result: dict, kata: Kata) -> str:
         first = result["checks"][0]["message"] if result["checks"] else ""
         lines += ["", click.style("  Your file could not be graded.", fg="red", bold=True), *_indent(first, 4)]
     elif status == "not-started":
-        lines += ["", f"  Not started: every check reached code that still raises NotImplementedError.",
+        lines += ["", "  Not started: every check reached code that still raises NotImplementedError.",
                   f"  Edit {kata.learner_file} and run `kata check {kata.slug}` again; `kata hint {kata.slug}` helps."]
     else:
         lines.append("")
@@ -41,7 +41,10 @@ def render(result: dict, kata: Kata) -> str:
     lines += ["", f"  {click.style(status.upper(), fg=colour, bold=True)}  "
                   f"{_points(result['score'])}/{_points(result['max_score'])} points  "
                   f"{bar(passed, len(counted))}  {passed} of {len(counted)} checks passed"]
-    skipped = len(result["checks"]) - len(counted)
+    hidden = sum(c["status"] == "skipped" and c.get("visibility") == "hidden" for c in result["checks"])
+    skipped = len(result["checks"]) - len(counted) - hidden
+    if hidden:
+        lines.append(f"  {hidden} hidden check(s) run when your instructor grades; they do not count here.")
     if skipped:
         lines.append(f"  {skipped} check(s) skipped (see above); they do not count here.")
     if result["diagnoses"]:
@@ -54,7 +57,10 @@ def render(result: dict, kata: Kata) -> str:
 def _check_lines(check: dict, kata: Kata, width: int) -> list[str]:
     mark, colour = MARKS[check["status"]]
     points = f"{_points(check['score'])}/{_points(kata.checks.get(check['id'], check['max_score']))}"
-    lines = [f"  {click.style(mark, fg=colour)} {check['id']:<{width}}  {check['name']}  {click.style(points, dim=True)}"]
+    # Hidden checks draw fresh inputs at grading: the label says why a replay may differ there.
+    hidden = click.style(" [hidden]", fg="magenta") if check.get("visibility") == "hidden" else ""
+    lines = [f"  {click.style(mark, fg=colour)} {check['id']:<{width}}{hidden}  {check['name']}  "
+             f"{click.style(points, dim=True)}"]
     if check["status"] == "passed":
         return lines
     if check["status"] == "skipped":

@@ -1,7 +1,7 @@
 """The trusted runner: grade one learner file for one kata and return the result object.
 
-The sandbox worker is started first, so that its ``import torch`` overlaps the runner's own
-imports. The kata's grader then runs under pytest in this process with the GradingPlugin; the
+The sandbox is started first, so that its zygote's ``import torch`` overlaps the runner's own
+imports; a caller grading many files passes one warm ``Zygote`` for all of them. The kata's grader then runs under pytest in this process with the GradingPlugin; the
 result is built from the plugin's per-check reports, never from pytest's exit code.
 """
 from __future__ import annotations
@@ -11,8 +11,10 @@ import secrets
 import time
 from pathlib import Path
 
+from . import release
 from .manifest import ROOT, Kata
-from .sandbox import Sandbox
+from .recording import Book, Store
+from .sandbox import Sandbox, SandboxUnusable, Zygote
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -41,20 +43,47 @@ def resolve_device(kata: Kata, device: str) -> str:
     return "cpu"
 
 
-def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "auto") -> dict:
-    """Grade ``file`` against ``kata``; always returns a complete result (see DESIGN.md)."""
+def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "auto",
+          zygote: Zygote | None = None, hidden_seed: int | None = None, record: Store | None = None) -> dict:
+    """Grade ``file`` against ``kata``; always returns a complete result (see DESIGN.md).
+
+    Hidden checks draw their inputs from ``hidden_seed`` (fresh when None: a class's grading run).
+    ``record`` keeps every oracle value the graders use (how `kata release` records a bundle). In a
+    student bundle the public checks replay its recordings and the hidden checks are skipped.
+    """
     started = time.perf_counter()
     seed = new_seed() if seed is None else seed
+    bundle = release.recording(kata)
+    if bundle is not None:
+        info, store = bundle
+        if seed != info["seed"]:
+            raise RunnerError(f"This student bundle recorded the expected values of {kata.slug} at seed "
+                              f"{info['seed']}: check with that seed (the default here).")
+        hidden_seed, book = None, Book(replay=store)
+    else:
+        info, book = None, Book(record=record)
+        hidden_seed = new_seed() if hidden_seed is None else hidden_seed
     file = Path(file)
     may_use_cuda = kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
-    sandbox = Sandbox(file, framework=kata.framework, module_name=kata.module,
+    own_zygote = zygote is None
+    if own_zygote:
+        try:
+            zygote = Zygote([kata.framework])
+        except SandboxUnusable as exc:
+            raise RunnerError(str(exc)) from None
+    sandbox = Sandbox(file, zygote=zygote, framework=kata.framework, module_name=kata.module,
                       timeout_s=kata.timeout_s, import_timeout_s=kata.import_timeout_s,
                       memory_mb=kata.memory_mb, data_limit=not may_use_cuda).start()
     try:
         device = resolve_device(kata, device)
-        reports = _run_pytest(kata, sandbox, seed, device)
+        reports = _run_pytest(kata, sandbox, seed=seed, device=device, hidden_seed=hidden_seed, book=book,
+                              release=info)
     finally:
         sandbox.close()
+        if own_zygote:
+            zygote.close()
+    if info is not None:
+        reports.update({cid: release.hidden_report(cid, name) for cid, name in info["hidden"].items()})
     checks = [reports[cid] for cid in kata.checks]
     return {
         "kata": kata.slug,
@@ -63,6 +92,7 @@ def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "aut
         "score": round(sum(c["score"] for c in checks), 6),
         "max_score": round(sum(c["max_score"] for c in checks), 6),
         "seed": seed,
+        "hidden_seed": hidden_seed,
         "device": device,
         "duration_s": round(time.perf_counter() - started, 3),
         "checks": [{k: v for k, v in c.items() if k != "not_started"} for c in checks],
@@ -81,19 +111,22 @@ def _status(checks: list[dict], load_failed: bool) -> str:
     return "failed"
 
 
-def _run_pytest(kata: Kata, sandbox: Sandbox, seed: int, device: str) -> dict:
+def _run_pytest(kata: Kata, sandbox: Sandbox, **run) -> dict:
     import pytest
 
     from . import plugin as fixtures
-    from .plugin import GradingPlugin
+    from .plugin import GradingPlugin, grader_files
 
-    plugin = GradingPlugin(kata, sandbox, seed=seed, device=device)
+    plugin = GradingPlugin(kata, sandbox, **run)
+    paths = [str(p) for p in grader_files(kata)] if run["release"] is None else [str(kata.grader_path)]
     saved = {k: os.environ.pop(k, None) for k in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     try:
-        code = pytest.main([str(kata.grader_path), "-p", "no:terminal", "-p", "no:cacheprovider",
-                            "-p", "no:warnings", "--noconftest", "-c", os.devnull, "--assert=plain",
-                            "--rootdir", str(ROOT / "graders")],
+        code = pytest.main([*paths, "-p", "no:terminal", "-p", "no:cacheprovider", "-p", "no:warnings",
+                            "-p", "no:logging", "-p", "no:faulthandler",
+                            # these two end every run with gc.collect(): a third of a small grader's time
+                            "-p", "no:unraisableexception", "-p", "no:threadexception",
+                            "--noconftest", "-c", os.devnull, "--assert=plain", "--rootdir", str(ROOT / "graders")],
                            plugins=[plugin, fixtures])
     finally:
         os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
@@ -102,7 +135,7 @@ def _run_pytest(kata: Kata, sandbox: Sandbox, seed: int, device: str) -> dict:
         raise RunnerError("\n".join(plugin.problems))
     if int(code) not in (0, 1):
         raise RunnerError(f"pytest could not run the grader {kata.grader_path} (exit {int(code)}).")
-    missing = set(kata.checks) - set(plugin.reports)
+    missing = set(kata.checks) - set(plugin.reports) - set(run["release"]["hidden"] if run["release"] else ())
     if missing:
         raise RunnerError(f"{kata.slug}: the grader produced no report for {', '.join(sorted(missing))}.")
     return plugin.reports

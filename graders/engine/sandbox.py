@@ -1,17 +1,21 @@
 """The trusted side of the sandbox: starts the worker, talks to it, and kills it when it misbehaves.
 
-One ``Sandbox`` serves one learner file. The worker runs as ``python -I`` in its own session
-(process group), in an empty temporary directory holding a copy of the learner's file, with a
-scrubbed environment, a data-size limit and a per-request deadline. A request that outlives its
-deadline, a worker that dies or that sends something that is not a well-formed reply gets the
-process group killed; the next request starts a fresh worker.
+A ``Zygote`` is a clean ``python -I`` process that has imported NumPy and torch and runs nothing
+else; it forks one worker per learner file, so a sandbox costs a fork, not an interpreter start.
+One ``Sandbox`` serves one learner file. Its worker runs in its own session (process group), in
+an empty temporary directory holding a copy of the learner's file, with a scrubbed environment,
+a data-size limit and a per-request deadline; as root, it runs as an unprivileged user of its
+own. A request that outlives its deadline, a worker that dies or that sends something that is not
+a well-formed reply gets the process group killed; the next request forks a fresh worker.
 """
 from __future__ import annotations
 
+import json
 import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +27,9 @@ from . import worker as wire
 WORKER = Path(wire.__file__)
 STARTUP_TIMEOUT_S = 120.0   # importing torch on a cold, busy machine
 MAX_TIMEOUTS = 2
+# As root, each trusted process gives its sandboxes a user of their own (uid = gid, no name
+# needed), so two sandboxes never share a user that could signal or trace the other.
+SANDBOX_UID_BASE, SANDBOX_UIDS = 20000, 40000
 
 
 class SandboxError(Exception):
@@ -51,9 +58,158 @@ def scrubbed_env(tmp: str) -> dict:
     return env
 
 
+class SandboxUnusable(Exception):
+    """The sandbox cannot run here (its user cannot read Python's own files)."""
+
+
+def unreadable_for(uid: int) -> list[str]:
+    """Which of Python's installation folders the user ``uid`` cannot list. A forked worker
+    imports modules lazily (the standard library's and torch's own), so it must read them."""
+    import sysconfig
+
+    import numpy
+
+    folders = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    folders |= {str(Path(numpy.__file__).parent)}
+    if "torch" in sys.modules:
+        folders.add(str(Path(sys.modules["torch"].__file__).parent))
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # only os calls here: nothing else runs in the forked copy of this process
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            for folder in sorted(folders):
+                try:
+                    os.listdir(folder)
+                except OSError:
+                    os.write(write_end, folder.encode() + b"\n")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        lines = f.read().decode().splitlines()
+    os.waitpid(pid, 0)
+    return lines
+
+
+def sandbox_uid() -> int | None:
+    """The unprivileged user this process's sandboxes run as when it is root (else None).
+    Raises SandboxUnusable when that user could not import Python's own modules."""
+    if os.geteuid() != 0:
+        return None
+    uid = SANDBOX_UID_BASE + os.getpid() % SANDBOX_UIDS
+    missing = unreadable_for(uid)
+    if missing:
+        raise SandboxUnusable(
+            "Running as root, learner code runs as an unprivileged user, who cannot read "
+            f"{', '.join(missing)}. Make Python's installation readable by all users (for example "
+            "`chmod o+x` on the folders above it, or a virtual environment outside /root) and run again.")
+    return uid
+
+
+class Zygote:
+    """The warm parent of this process's sandbox workers (see ``worker.zygote``).
+
+    Requests and replies alternate on one socket: a fork's reply (the child's pid) is read when
+    first needed, so the zygote's ``import torch`` overlaps the caller's own imports. A zygote that
+    died is started again on the next fork."""
+
+    def __init__(self, frameworks=("numpy", "torch")):
+        self.frameworks = ",".join(sorted(set(frameworks) | {"numpy"}))
+        self.uid = sandbox_uid()
+        self.proc = None
+        self.pending = None   # the ForkedProcess whose pid reply is not read yet
+
+    def _start(self):
+        self.home = tempfile.mkdtemp(prefix="kata-zygote-")
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with open(Path(self.home) / "stderr", "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", str(WORKER), self.frameworks], cwd=self.home, env=scrubbed_env(self.home),
+                stdin=theirs, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        theirs.close()
+
+    def close(self):
+        if self.proc is not None:
+            self.sock.close()        # EOF: the zygote kills its children and exits
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            shutil.rmtree(self.home, ignore_errors=True)
+            self.proc = self.pending = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def fork(self, *, directory: str, framework: str, memory_mb: int, fds: list[int], stderr_fd: int):
+        if self.proc is not None and self.proc.poll() is not None:
+            self.close()
+        if self.proc is None:
+            self._start()
+        self._settle()
+        request = {"op": "fork", "dir": directory, "framework": framework, "memory_mb": memory_mb,
+                   "env": scrubbed_env(directory), "uid": self.uid}
+        socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
+        self.pending = ForkedProcess(self, stderr_fd)
+        return self.pending
+
+    def _settle(self):
+        if self.pending is not None:
+            self.pending.pid   # reads the reply that is owed first
+
+    def ask(self, request: dict, timeout_s: float) -> dict:
+        self._settle()
+        self.sock.send(json.dumps(request).encode())
+        return self.reply(timeout_s)
+
+    def reply(self, timeout_s: float) -> dict:
+        readable, _, _ = select.select([self.sock], [], [], timeout_s)
+        message = self.sock.recv(1 << 16) if readable else b""
+        if not message:
+            err = (Path(self.home) / "stderr").read_bytes().decode("utf-8", "replace").strip().splitlines()
+            self.proc.kill()
+            raise SandboxError("crash", "the sandbox could not be started"
+                               + (f": {err[-1]}" if err else f" within {timeout_s:g} s."))
+        return json.loads(message)
+
+
+class ForkedProcess:
+    """A worker forked by a Zygote, with the parts of Popen's interface the Sandbox uses."""
+
+    def __init__(self, zygote: Zygote, stderr_fd: int):
+        self.zygote = zygote
+        self.stderr = os.fdopen(stderr_fd, "rb", buffering=0)
+        self._pid = None
+
+    @property
+    def pid(self) -> int:
+        if self._pid is None:
+            self.zygote.pending = None
+            self._pid = self.zygote.reply(STARTUP_TIMEOUT_S)["pid"]
+        return self._pid
+
+    def poll_pid(self) -> int | None:
+        """The pid if the zygote has answered, without waiting for it."""
+        if self._pid is None and select.select([self.zygote.sock], [], [], 0)[0]:
+            return self.pid
+        return self._pid
+
+    def wait(self, timeout_s: float = 10.0) -> int | None:
+        """The exit code (negative: the signal), or None if still running after ``timeout_s``."""
+        return self.zygote.ask({"op": "wait", "pid": self.pid, "timeout_s": timeout_s}, timeout_s + 5)["code"]
+
+
 class Sandbox:
-    def __init__(self, source: Path, *, framework: str, module_name: str, timeout_s: float,
+    def __init__(self, source: Path, *, zygote: Zygote, framework: str, module_name: str, timeout_s: float,
                  import_timeout_s: float, memory_mb: int, data_limit: bool = True):
+        self.zygote = zygote
         self.source_text = Path(source).read_bytes()
         self.file_name = Path(source).name
         self.framework = framework
@@ -74,19 +230,21 @@ class Sandbox:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def start(self):
-        """Spawn the worker now; it imports NumPy/torch while the caller does its own imports."""
+        """Fork the worker; it may still be waiting for the zygote's imports when this returns."""
         self.tmp = tempfile.mkdtemp(prefix="kata-sandbox-")
-        (Path(self.tmp) / self.file_name).write_bytes(self.source_text)
+        copy = Path(self.tmp) / self.file_name
+        copy.write_bytes(self.source_text)
+        if self.zygote.uid is not None:   # the sandbox user owns its directory and nothing else
+            for path in (self.tmp, copy):
+                os.chown(path, self.zygote.uid, self.zygote.uid)
         req_r, self.req_w = os.pipe()
         self.resp_r, resp_w = os.pipe()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", str(WORKER), str(req_r), str(resp_w), self.framework,
-             str(self.memory_mb if self.data_limit else 0)],
-            cwd=self.tmp, env=scrubbed_env(self.tmp), pass_fds=(req_r, resp_w),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True)
-        os.close(req_r)
-        os.close(resp_w)
+        err_r, err_w = os.pipe()
+        self.proc = self.zygote.fork(directory=self.tmp, framework=self.framework,
+                                     memory_mb=self.memory_mb if self.data_limit else 0,
+                                     fds=[req_r, resp_w, err_w], stderr_fd=err_r)
+        for fd in (req_r, resp_w, err_w):
+            os.close(fd)
         os.set_blocking(self.req_w, False)
         self.stderr_open = True
         self.ready = False
@@ -111,12 +269,15 @@ class Sandbox:
     def __exit__(self, *exc):
         self.close()
 
-    def _kill(self):
+    def _kill(self) -> int | None:
+        """Kill the worker's process group; returns its exit code if the zygote could say."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()
         except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
+            return None
+        except SandboxError:   # the zygote is gone, and its children with it
+            return None
 
     def restart(self):
         self.close()
@@ -219,16 +380,24 @@ class Sandbox:
                                    "of memory, so the sandbox was stopped.")
 
     def _rss_mb(self) -> float:
+        pid = self.proc.poll_pid()
+        if pid is None:
+            return 0.0
         try:
-            with open(f"/proc/{self.proc.pid}/statm") as f:
+            with open(f"/proc/{pid}/statm") as f:
                 return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
         except (OSError, IndexError, ValueError):
             return 0.0
 
     def _died(self, what):
-        code = self.proc.wait()
+        # Its reply channel closed: it exited, or closed the channel and must be stopped.
+        code = self.proc.wait(timeout_s=1.0)
+        if code is None:
+            code = self._kill()
         tail = self.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-1:] if self.stderr_tail else []
-        if code < 0:
+        if code is None:
+            how = "closed its channel to the grader"
+        elif code < 0:
             try:
                 how = f"was killed by {signal.Signals(-code).name}"
             except ValueError:

@@ -1,18 +1,21 @@
 """The sandbox worker: the only process in which a learner's code runs.
 
-It is started by path as ``python -I worker.py REQ_FD RESP_FD FRAMEWORK MEMORY_MB`` in an empty
-temporary directory with a scrubbed environment, so it imports nothing from the kit: the trusted
-side imports the wire format from here, never the other way round. It answers requests one at a
-time: load the learner's file, call a function or a method of an object it returned, read an
+It is started by path as a zygote, ``python -I worker.py SOCKET_FD FRAMEWORKS``, with a scrubbed
+environment, so it imports nothing from the kit: the trusted side imports the wire format from
+here, never the other way round. The zygote forks one worker per learner file (see ``zygote``);
+a worker runs in its own empty temporary directory holding a copy of that file and answers
+requests one at a time: load the learner's file, call a function or a method of an object it returned, read an
 attribute, describe a module. Values cross as JSON and ``.npy`` blobs, never pickle.
 
 Nothing in this process is trusted. The learner's code can replace any of it; the trusted side
 parses every reply strictly and judges only plain data.
 """
+import ctypes
 import io
 import json
 import os
 import resource
+import signal
 import struct
 import sys
 import traceback
@@ -424,14 +427,142 @@ def _module_info(module):
     }
 
 
-def main(argv):
-    req_fd, resp_fd, framework, memory_mb = int(argv[1]), int(argv[2]), argv[3], int(argv[4])
+def limit_memory(memory_mb):
     if memory_mb > 0:
         # RLIMIT_AS would break `import torch` (it reserves address space); the data limit does not.
         limit = memory_mb << 20
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-    sys.setrecursionlimit(3000)
-    Worker(req_fd, resp_fd, framework).serve()
+
+
+def main(argv):
+    zygote(argv[1].split(","))
+
+
+# --- the zygote: fork a warm worker per learner file ----------------------------------------------
+
+UNPRIVILEGED_NPROC = 256   # processes and threads of one sandbox user: no fork bomb
+PR_SET_PDEATHSIG = 1
+CLONE_NEWNS, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x20000, 2, 4, 8, 1 << 14, 1 << 18
+_libc = None
+
+
+def zygote(frameworks):
+    """Import NumPy/torch once, then fork a worker per request, so a sandbox costs a fork, not an
+    interpreter and an ``import torch``. No learner code ever runs in this process: each request
+    (a JSON message with the worker's pipes attached) gets a child that leaves this session, drops
+    to the requested user, caps its memory and serves one learner file. EOF on the socket means
+    the trusted side is gone: every child is killed. The socket is stdin, so that the command line
+    is the same whoever started the zygote (`kata check` or `kata grade`).
+    """
+    import socket
+    import time
+
+    import numpy  # noqa: F401  (the import is the warm-up)
+
+    global _libc
+    _libc = ctypes.CDLL(None)   # loaded here: a child that dropped privileges need not find it
+    if "torch" in frameworks:
+        import torch
+        import torch.nn.functional  # noqa: F401
+
+        torch.set_num_threads(1)
+        # The first operator on a meta tensor loads torch's meta kernels (over a second): done
+        # once here rather than in every sandbox that builds a mask on device="meta".
+        torch.ones(1, 1, device="meta").tril()
+    sock = socket.socket(fileno=0)
+    children = {}   # pid -> uid or None
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
+        except OSError:
+            break
+        if not message:
+            break
+        request = json.loads(message)
+        if request["op"] == "fork":
+            pid = os.fork()
+            if pid == 0:
+                _forked(sock, fds, request)
+            for fd in fds:
+                os.close(fd)
+            children[pid] = request.get("uid")
+            sock.send(json.dumps({"pid": pid}).encode())
+        elif request["op"] == "wait":
+            pid, deadline = request["pid"], time.monotonic() + request["timeout_s"]
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done or time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+            if done:
+                _sweep(children.pop(pid))
+            sock.send(json.dumps({"code": os.waitstatus_to_exitcode(status) if done else None}).encode())
+    for pid, uid in children.items():
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        _sweep(uid)
+
+
+def _sweep(uid):
+    """Kill every process of a sandbox user, in case the learner's code left one running outside
+    its process group (a double fork with setsid). Signal -1 as that user reaches exactly them."""
+    if uid is None:
+        return
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _forked(sock, fds, request):
+    """The child: becomes one sandbox worker and never returns into the zygote's loop."""
+    code = 1
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        sock.close()
+        os.setsid()
+        req_fd, resp_fd, err_fd = fds
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.dup2(err_fd, 2)
+        for fd in {devnull, err_fd} - {0, 1, 2}:
+            os.close(fd)
+        os.chdir(request["dir"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        limit_memory(request["memory_mb"])
+        uid = request.get("uid")
+        if uid is not None:
+            _private_proc()
+            resource.setrlimit(resource.RLIMIT_NPROC, (UNPRIVILEGED_NPROC, UNPRIVILEGED_NPROC))
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        # Last: changing credentials clears the parent-death signal. A child that outlives its
+        # zygote (killed, not closed) is killed with it.
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        sys.setrecursionlimit(3000)
+        Worker(req_fd, resp_fd, request["framework"]).serve()
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _private_proc():
+    """Mount a /proc of our own that shows the sandbox user only its own processes (hidepid=2),
+    so no command line of the grader (`kata grade SUBMISSIONS --out OUT`) can be read from here.
+    Needs CAP_SYS_ADMIN; a container without it keeps the shared /proc."""
+    if _libc.unshare(CLONE_NEWNS) == 0 and _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0:
+        _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=2")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,172 @@
+"""The Gradescope autograder zip (``kata gradescope``).
+
+Gradescope's format (https://gradescope-autograders.readthedocs.io/en/latest/specs/): the zip's
+root holds ``setup.sh``, run once as root when Gradescope builds the grading image, and
+``run_autograder``, run for every submission with the learner's files in
+``/autograder/submission``; it must leave ``/autograder/results/results.json``. The whole zip is
+unpacked into ``/autograder/source``. Ours adds a wheel of this kit, built from the checkout at
+zip time so that the image grades with exactly the kit the instructor has, and ``config.json``
+(which katas, which torch). ``$KATA_AUTOGRADER_ROOT`` replaces ``/autograder`` in both scripts,
+so that a test runs them end to end on a temporary tree.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+from .manifest import ROOT, Kata
+
+SETUP_SH = r"""#!/usr/bin/env bash
+# Run once by Gradescope, as root, while it builds the grading image: a Python >= 3.11 with venv,
+# a virtual environment outside source/ (learner code runs as another user and must be able to
+# run its interpreter, while source/ becomes root-only), the CPU build of torch, then the kit.
+set -euo pipefail
+root="${KATA_AUTOGRADER_ROOT:-/autograder}"
+venv="$root/venv"
+
+# Debian and Ubuntu ship venv's ensurepip separately: a python3 without it cannot make a venv.
+usable() { "$1" -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }
+py=""
+for candidate in python3 python3.13 python3.12 python3.11; do
+    if command -v "$candidate" >/dev/null && usable "$candidate"; then py="$candidate"; break; fi
+done
+if [ -z "$py" ]; then
+    apt-get update -q
+    if python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+        apt-get install -y -q python3-venv && py=python3
+    else    # Ubuntu 22.04's python3 is 3.10; its universe has 3.11
+        apt-get install -y -q python3.11 python3.11-venv && py=python3.11
+    fi
+fi
+
+torch="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["torch"])' "$root/source/config.json")"
+"$py" -m venv "$venv"
+# torch from PyPI is the CUDA build (gigabytes); graders run on CPU. KATA_TORCH_INDEX_URL= (empty)
+# installs from pip's configured index instead, e.g. behind a mirror.
+index="${KATA_TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}"
+"$venv/bin/python" -m pip install -q ${index:+--index-url "$index"} "torch==$torch"
+"$venv/bin/python" -m pip install -q "$root"/source/*.whl
+"$venv/bin/kata" --version
+"""
+
+RUN_AUTOGRADER = r"""#!/usr/bin/env bash
+# Run by Gradescope for every submission. Whatever happens (an empty or crashing submission, a
+# failed setup, `kata grade` itself failing), results.json exists when this script ends: a
+# fallback with score 0 and a sentence saying what went wrong is written first and replaced by
+# the real results only when grading finished.
+set -u
+root="${KATA_AUTOGRADER_ROOT:-/autograder}"
+results="$root/results/results.json"
+mkdir -p "$root/results"
+
+fallback() {   # $1: a fixed sentence (no quotes or backslashes: it is written into JSON as is)
+    printf '{"score": 0, "output": "%s", "visibility": "visible", "stdout_visibility": "hidden"}\n' \
+        "$1" > "$results.tmp" && mv -f "$results.tmp" "$results"
+}
+fallback "The autograder stopped before grading finished, so nothing was graded. Please tell your instructor."
+
+if [ ! -x "$root/venv/bin/kata" ]; then
+    fallback "The autograder is not installed (its setup.sh did not finish), so nothing was graded. Please tell your instructor."
+    exit 0
+fi
+katas="$("$root/venv/bin/python" -c 'import json, sys; print(",".join(json.load(open(sys.argv[1]))["katas"]))' \
+    "$root/source/config.json")" || {
+    fallback "The autograder cannot read its config.json, so nothing was graded. Please tell your instructor."
+    exit 0
+}
+
+# The source holds the kit's wheel, reference included: learner code, which `kata grade` runs as
+# an unprivileged user when we are root, must not read it. mktemp -d makes a root-only folder for
+# the copy of the submission and the grades.
+chmod -R go-rwx "$root/source"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/submissions/submission"
+if [ -d "$root/submission" ]; then
+    cp -R "$root/submission/." "$work/submissions/submission/"
+fi
+# `kata grade` reads the files as root: a submitted symlink to the reference must not count.
+find "$work/submissions" -type l -delete
+
+"$root/venv/bin/kata" grade "$work/submissions" --out "$work/out" --katas "$katas"
+status=$?
+graded="$work/out/submission/results.json"
+if [ "$status" -ne 0 ] || [ ! -s "$graded" ]; then
+    fallback "Grading failed (kata grade exit status $status) before it wrote your results. Please tell your instructor."
+    exit 0
+fi
+cp "$graded" "$results.tmp" && mv -f "$results.tmp" "$results"
+"""
+
+
+class GradescopeError(Exception):
+    """The zip cannot be built here; the message says why."""
+
+
+def torch_version() -> str:
+    """The torch this kit runs with here, without a local tag (2.13.0+cpu -> 2.13.0)."""
+    try:
+        return metadata.version("torch").split("+")[0]
+    except metadata.PackageNotFoundError:
+        raise GradescopeError("torch is not installed here; install the torch the autograder should use.") from None
+
+
+def build_wheel(dest: Path) -> Path:
+    """A wheel of the kit's checkout at ROOT, built from a clean copy: setuptools' in-tree build/
+    folder would leave files deleted since an earlier build inside the wheel."""
+    pyproject = ROOT / "pyproject.toml"
+    if not pyproject.is_file():
+        raise GradescopeError(f"{ROOT} is not the kit's source checkout (no pyproject.toml): "
+                              "run `kata gradescope` from an editable install (`pip install -e .`).")
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    layout = project["tool"]["setuptools"]
+    tops = {f"{m}.py" for m in layout.get("py-modules", [])} | {p.split(".")[0] for p in layout["packages"]}
+    tops |= {"pyproject.toml", project["project"]["readme"]}
+    src = dest / "src"
+    src.mkdir()
+    for name in sorted(tops):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, src / name)
+    # Build isolation fetches the setuptools pyproject.toml asks for: the one in this environment
+    # may be older (Python 3.11's venv ships setuptools 65).
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(src)],
+                          capture_output=True, text=True)
+    wheels = list(dest.glob("*.whl"))
+    if done.returncode != 0 or len(wheels) != 1:
+        raise GradescopeError(f"building the kit's wheel failed:\n{done.stdout}{done.stderr}")
+    return wheels[0]
+
+
+def _add(zf: zipfile.ZipFile, name: str, data: str | bytes, mode: int):
+    info = zipfile.ZipInfo(name, date_time=time.localtime()[:6])
+    info.external_attr = (0o100000 | mode) << 16   # Unix mode: keeps the scripts executable
+    info.compress_type = zipfile.ZIP_DEFLATED
+    zf.writestr(info, data)
+
+
+def build(out: Path, katas: list[Kata]) -> dict:
+    """Write the autograder zip to ``out`` (atomically); returns what went in it."""
+    config = {"katas": [k.slug for k in katas], "torch": torch_version(),
+              "kit": metadata.version("attention-katas")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = build_wheel(Path(tmp))
+        partial = out.with_name(f".{out.name}.partial")
+        with zipfile.ZipFile(partial, "w") as zf:
+            _add(zf, "setup.sh", SETUP_SH, 0o755)
+            _add(zf, "run_autograder", RUN_AUTOGRADER, 0o755)
+            _add(zf, "config.json", json.dumps(config, indent=2) + "\n", 0o644)
+            _add(zf, wheel.name, wheel.read_bytes(), 0o644)
+        os.replace(partial, out)
+    return {**config, "wheel": wheel.name, "size": out.stat().st_size}

@@ -1,0 +1,134 @@
+"""Student bundles (`kata release`): the kit without its answers.
+
+A bundle is an installable copy of the kit with no reference/ package, no bug oracles and no
+hidden checks. In their place, ``graders/recorded/`` holds, per kata, every oracle value its
+public checks ask for at one seed, recorded by grading the reference and each bug oracle here (so
+diagnoses still work there), plus the hidden checks' ids and names, which a bundle reports as
+skipped: they run when an instructor grades. ``bundle.json`` there marks a kit as a bundle.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from .manifest import ROOT, Kata
+from .plugin import check_names, hidden_grader
+from .recording import Store
+
+RECORDED = ROOT / "graders" / "recorded"
+MARKER = RECORDED / "bundle.json"
+HIDDEN_MESSAGE = "hidden check: it runs, on fresh inputs, when your instructor grades"
+NO_REFERENCE = ("This is a student bundle: it does not include the reference solutions or the bug oracles, "
+                "so `kata {command}` cannot run here. Ask your instructor, or use the full kit.")
+
+
+class ReleaseError(Exception):
+    """The bundle could not be built (the message says why)."""
+
+
+@cache
+def bundle_info() -> dict | None:
+    """The bundle's description ({"seed", "katas"}), or None in the full kit."""
+    return json.loads(MARKER.read_text(encoding="utf-8")) if MARKER.exists() else None
+
+
+def recording(kata: Kata) -> tuple[dict, Store] | None:
+    """(info, recorded values) of ``kata`` in a bundle; None in the full kit."""
+    return _recording(kata.module) if bundle_info() is not None else None
+
+
+@cache
+def _recording(module: str) -> tuple[dict, Store]:
+    return Store.load(RECORDED / f"{module}.json", RECORDED / f"{module}.npz")
+
+
+def hidden_report(check_id: str, name: str) -> dict:
+    return {"id": check_id, "name": name, "status": "skipped", "score": 0.0, "max_score": 0.0,
+            "message": HIDDEN_MESSAGE, "diagnosis": None, "visibility": "hidden", "duration_s": 0.0}
+
+
+def hidden_checks(kata: Kata) -> dict[str, str]:
+    """{check id: name} of the kata's hidden checks."""
+    path = hidden_grader(kata)
+    return check_names(path) if path.exists() else {}
+
+
+def build(out: Path, katas: list[Kata], *, seed: int, progress=lambda text: None) -> None:
+    """Write a bundle of ``katas`` to ``out`` (missing or empty), recorded at ``seed``."""
+    from .oracles import Bugs
+    from .runner import grade
+    from .sandbox import Zygote
+
+    if out.exists() and any(out.iterdir()):
+        raise ReleaseError(f"{out} is not empty: choose a new folder for the bundle.")
+    if bundle_info() is not None:
+        raise ReleaseError(NO_REFERENCE.format(command="release"))
+    _copy_kit(out, katas)
+    (out / "graders" / "recorded").mkdir()
+    with Zygote({k.framework for k in katas}) as zygote, tempfile.TemporaryDirectory(prefix="kata-release-") as tmp:
+        for kata in katas:
+            bugs, store = Bugs(kata), Store()
+            path = Path(tmp) / kata.learner_file
+
+            def run(source: str) -> dict:
+                path.write_text(source, encoding="utf-8")
+                return grade(kata, path, seed=seed, device="cpu", zygote=zygote, record=store)
+
+            result = run(kata.reference_path.read_text(encoding="utf-8"))
+            if result["status"] != "passed":
+                raise ReleaseError(f"{kata.slug}: the reference does not pass its grader at seed {seed} "
+                                   "(`kata lint` says why); no bundle was made.")
+            for code in bugs.codes:   # what diagnosing each known bug asks of the oracles
+                run(bugs.shim(code))
+            visible = [c["id"] for c in result["checks"] if c["visibility"] == "visible" and c["status"] != "skipped"]
+            info = {"kata": kata.slug, "seed": seed, "codes": bugs.codes, "hidden": hidden_checks(kata),
+                    "recorded": visible}
+            store.save(info, out / "graders" / "recorded" / f"{kata.module}.json",
+                       out / "graders" / "recorded" / f"{kata.module}.npz")
+            progress(f"{kata.slug}: {len(store)} oracle values recorded for {len(visible)} public checks; "
+                     f"{len(info['hidden'])} hidden check(s) left out")
+    (out / "graders" / "recorded" / "bundle.json").write_text(
+        json.dumps({"format": 1, "seed": seed, "katas": [k.slug for k in katas]}), encoding="utf-8")
+    leaks = answers_in(out)
+    if leaks:
+        raise ReleaseError(f"the bundle in {out} holds answer code: {', '.join(leaks)}")
+
+
+def answers_in(root: Path) -> list[str]:
+    """Paths under ``root`` that a bundle must not hold: reference/, bug oracles, hidden checks."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                  if p.name == "reference" or p.name.endswith(("_bugs.py", "_hidden.py")))
+
+
+def _copy_kit(out: Path, katas: list[Kata]):
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("cli.py", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, out / name)
+    (out / "pyproject.toml").write_text(_bundle_pyproject((ROOT / "pyproject.toml").read_text(encoding="utf-8")),
+                                        encoding="utf-8")
+    shutil.copytree(ROOT / "graders" / "engine", out / "graders" / "engine", ignore=skip)
+    shutil.copy2(ROOT / "graders" / "__init__.py", out / "graders" / "__init__.py")
+    (out / "katas").mkdir()
+    if (ROOT / "katas" / "__init__.py").exists():
+        shutil.copy2(ROOT / "katas" / "__init__.py", out / "katas" / "__init__.py")
+    for kata in katas:
+        shutil.copy2(kata.grader_path, out / "graders" / kata.grader_path.name)
+        shutil.copytree(kata.dir, out / "katas" / kata.dir.name, ignore=skip)
+
+
+def _bundle_pyproject(text: str) -> str:
+    """The kit's pyproject.toml without the reference package, and with the recordings as data."""
+    packages = re.compile(r'^packages = \[(.*)\]$', re.M)
+    match = packages.search(text)
+    if match is None or '"reference"' not in match.group(1):
+        raise ReleaseError("pyproject.toml has no `packages = [...]` line listing \"reference\": update release.py.")
+    kept = ", ".join(p.strip() for p in match.group(1).split(",") if p.strip() != '"reference"')
+    text = packages.sub(f"packages = [{kept}]", text, count=1)
+    return text.replace("[tool.setuptools.package-data]\n",
+                        '[tool.setuptools.package-data]\ngraders = ["recorded/*.json", "recorded/*.npz"]\n', 1)

@@ -1,0 +1,18 @@
+"""Hidden checks of the softmax kata: fresh inputs at each grading, never in a student bundle."""
+import numpy as np
+
+from graders.engine import expect
+
+
+def test_sums_to_one(learner, bugs, kata, rng):
+    """slices along axis sum to 1"""
+    shape = tuple(int(n) for n in rng.integers(2, 8, size=rng.integers(1, 5)))   # a fresh shape, 1-D to 4-D
+    x = rng.standard_normal(shape) * rng.uniform(0.5, 20)
+    tol = kata.tolerance("float64")
+    for axis in range(-len(shape), len(shape)):
+        got = learner.softmax(x, axis=axis)
+        expect.type_of(got, np.ndarray, call=f"softmax(x, axis={axis})")
+        sums = got.sum(axis=axis)
+        expect.values(sums, np.ones_like(sums), call=f"softmax(x, axis={axis}).sum(axis={axis})",
+                      case="hidden inputs", what="the sums along axis", **tol,
+                      diagnose=lambda: bugs.match(got, lambda impl: impl.softmax(x, axis=axis), **tol))

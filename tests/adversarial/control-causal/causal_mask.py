@@ -1,0 +1,22 @@
+# Control: a top-left aligned causal mask (SDPA's is_causal=True) and attention that returns NaN
+# for a query with no allowed key. The padding mask is right.
+import math
+
+import torch
+
+
+def causal_mask(n_queries, n_keys=None, device=None):
+    n_keys = n_queries if n_keys is None else n_keys
+    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril()
+
+
+def padding_mask(lengths, max_len):
+    return (torch.arange(max_len, device=lengths.device) < lengths[:, None])[:, None, None, :]
+
+
+def masked_attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights

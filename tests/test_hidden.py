@@ -1,0 +1,81 @@
+"""Public and hidden checks: hidden checks live in graders/<module>_hidden.py, draw their inputs
+from a seed of their own (fresh per grading unless replayed), and say so in every result."""
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from graders.engine.manifest import find, katas
+from graders.engine.release import hidden_checks
+from graders.engine.runner import grade
+
+SCHEMA = json.loads((Path(__file__).parents[1] / "graders/engine/result.schema.json").read_text())
+
+# Wrong everywhere, so every check fails and keeps what the file printed: the inputs it was given.
+ECHO = '''import numpy as np
+
+def softmax(x, axis=-1):
+    print(x.shape, repr(float(np.nansum(np.where(np.isinf(x), 0, x)))))
+    return np.zeros_like(x)
+'''
+
+
+def public_ids(kata) -> set[str]:
+    source = kata.grader_path.read_text()
+    return {line[len("def test_"):].split("(")[0].replace("_", "-")
+            for line in source.splitlines() if line.startswith("def test_")}
+
+
+@pytest.mark.parametrize("slug", [k.slug for k in katas()])
+def test_checks_split_into_public_and_hidden(slug):
+    kata = find(slug)
+    hidden, public = set(hidden_checks(kata)), public_ids(kata)
+    assert 1 <= len(hidden) <= 3
+    assert not hidden & public
+    assert hidden | public == set(kata.checks)
+
+
+@pytest.fixture
+def echo_file(tmp_path):
+    path = tmp_path / "softmax.py"
+    path.write_text(ECHO)
+    return path
+
+
+def printed(result) -> dict:
+    return {c["id"]: c.get("output") for c in result["checks"]}
+
+
+def test_hidden_inputs_are_fresh_and_public_ones_replay(echo_file):
+    kata = find("softmax")
+    first, second = (grade(kata, echo_file, seed=7, device="cpu") for _ in range(2))
+    hidden = set(hidden_checks(kata))
+    for result in (first, second):
+        jsonschema.validate(result, SCHEMA)
+        assert {c["id"]: c["visibility"] for c in result["checks"]} == \
+            {cid: "hidden" if cid in hidden else "visible" for cid in kata.checks}
+        assert all(c["status"] == "failed" and c["output"] for c in result["checks"])
+    assert first["hidden_seed"] != second["hidden_seed"]
+    for cid in kata.checks:
+        assert (printed(first)[cid] == printed(second)[cid]) == (cid not in hidden), cid
+
+
+def test_hidden_seed_replays_hidden_inputs(echo_file):
+    kata = find("softmax")
+    first, second = (grade(kata, echo_file, seed=7, hidden_seed=11, device="cpu") for _ in range(2))
+    assert first["hidden_seed"] == second["hidden_seed"] == 11
+    assert printed(first) == printed(second)
+
+
+def test_kata_check_labels_hidden_checks_and_replays_them_with_seed(kata_cmd):
+    (kata_cmd.workspace / "softmax.py").write_text(ECHO)
+    runs = [kata_cmd("check", "softmax", "--json", "--seed", "5") for _ in range(2)]
+    results = [json.loads(run.stdout) for run in runs]
+    assert [r.returncode for r in runs] == [1, 1]
+    assert results[0]["hidden_seed"] == results[1]["hidden_seed"] == 5
+    assert printed(results[0]) == printed(results[1])
+    shown = kata_cmd("check", "softmax", "--seed", "5").stdout
+    assert re.search(r"sums-to-one +\[hidden\]", shown)
+    assert not re.search(r"matches-reference +\[hidden\]", shown)

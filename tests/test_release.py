@@ -1,0 +1,117 @@
+"""`kata release`: a student bundle holds no answer code, and its `kata check` grades the public
+checks from recorded values as the full kit does (diagnoses included), the hidden ones skipped.
+
+The bundle runs in an interpreter that cannot import the full kit: ``-I -S`` skips the editable
+install's import hook, and only the bundle and the packages it needs are on sys.path."""
+import json
+import os
+import re
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from graders.engine.manifest import ROOT, find, katas
+from graders.engine.oracles import Bugs
+from graders.engine.release import HIDDEN_MESSAGE, hidden_checks
+from graders.engine.runner import grade
+from graders.engine.sandbox import Zygote
+from tests.conftest import KATA
+
+BUNDLED = ["softmax", "mha"]
+SEED = 3
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("release") / "bundle"
+    run = subprocess.run([str(KATA), "release", "--out", str(out), "--katas", ",".join(BUNDLED), "--seed", str(SEED)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return out
+
+
+def isolated(bundle: Path, code: str, *args, cwd=None, env=None):
+    """Run ``code`` in a Python that sees the bundle and site-packages, but not the full kit."""
+    boot = f"import sys; sys.path[:0] = [{str(bundle)!r}]; sys.path += {site.getsitepackages()!r}; sys.argv[0] = 'kata'\n"
+    return subprocess.run([sys.executable, "-I", "-S", "-c", boot + code, *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, "NO_COLOR": "1", **(env or {})}, timeout=300)
+
+
+def bundle_kata(bundle, workspace, *args):
+    return isolated(bundle, "import cli; cli.main()", *args, cwd=workspace, env={"KATA_WORKSPACE": str(workspace)})
+
+
+def test_bundle_holds_no_answer_code(bundle):
+    files = [p for p in bundle.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert not (bundle / "reference").exists()
+    assert not [p for p in files if p.name.endswith(("_bugs.py", "_hidden.py"))]
+    # Lines of the references and bug oracles that no learner-facing text (stubs, hints, READMEs) shows.
+    shown = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "katas").rglob("*.*")] if p.suffix != ".pyc")
+    answers = {line.strip() for path in (ROOT / "reference").glob("*.py") for line in path.read_text().splitlines()
+               if len(line.strip()) >= 20 and not line.strip().startswith(("#", "import", "from"))
+               and line.strip() not in shown}
+    answers |= {f"def test_{cid.replace('-', '_')}(" for k in katas() for cid in hidden_checks(k)}
+    assert len(answers) > 200
+    text = "\n".join(p.read_text() for p in files if p.suffix != ".npz")
+    assert [line for line in answers if line in text] == []
+    assert isolated(bundle, "import reference").returncode != 0
+
+
+def test_bundle_needs_its_seed_and_refuses_reference_commands(bundle, tmp_path):
+    assert bundle_kata(bundle, tmp_path, "start", "softmax").returncode == 0
+    wrong_seed = bundle_kata(bundle, tmp_path, "check", "softmax", "--seed", str(SEED + 1))
+    assert wrong_seed.returncode == 2 and f"seed {SEED} only" in wrong_seed.stderr
+    for command in (["solution", "softmax", "--force"], ["lint", "softmax"]):
+        refused = bundle_kata(bundle, tmp_path, *command)
+        assert refused.returncode == 2 and "does not include the reference" in refused.stderr
+
+
+@pytest.mark.parametrize("slug", BUNDLED)
+def test_bundle_check_grades_stub_and_reference(bundle, tmp_path, slug):
+    kata = find(slug)
+    assert bundle_kata(bundle, tmp_path, "start", slug).returncode == 0
+    stub = bundle_kata(bundle, tmp_path, "check", slug, "--json")
+    assert json.loads(stub.stdout)["status"] == "not-started"
+    (tmp_path / kata.learner_file).write_text(kata.reference_path.read_text())
+    run = bundle_kata(bundle, tmp_path, "check", slug, "--json")
+    result = json.loads(run.stdout)
+    assert run.returncode == 0 and result["status"] == "passed" and result["seed"] == SEED
+    hidden = hidden_checks(kata)
+    for check in result["checks"]:
+        if check["id"] in hidden:
+            assert (check["status"], check["max_score"], check["visibility"]) == ("skipped", 0, "hidden")
+            assert check["message"] == HIDDEN_MESSAGE
+        else:
+            assert (check["status"], check["score"]) == ("passed", kata.checks[check["id"]])
+    shown = bundle_kata(bundle, tmp_path, "check", slug).stdout
+    assert re.search(r"hidden check\(s\) run when your instructor grades", shown)
+
+
+@pytest.mark.parametrize("slug", BUNDLED)
+def test_bundle_diagnoses_every_bug_as_the_full_kit_does(bundle, tmp_path, slug):
+    kata = find(slug)
+    paths = {}
+    for code in Bugs(kata).codes:
+        paths[code] = tmp_path / code / kata.learner_file
+        paths[code].parent.mkdir()
+        paths[code].write_text(Bugs(kata).shim(code))
+    # One interpreter grades every bug in the bundle: a `kata check` per bug would import torch each time.
+    script = ("import json, sys\nfrom graders.engine.manifest import find\nfrom graders.engine.runner import grade\n"
+              "from graders.engine.sandbox import Zygote\nkata = find(sys.argv[1])\n"
+              "with Zygote([kata.framework]) as zygote:\n"
+              "    for path in sys.argv[2:]:\n"
+              "        print(json.dumps(grade(kata, path, seed=%d, device='cpu', zygote=zygote)))\n" % SEED)
+    run = isolated(bundle, script, slug, *map(str, paths.values()))
+    assert run.returncode == 0, run.stderr
+    replayed = dict(zip(paths, map(json.loads, run.stdout.splitlines())))
+    public = set(kata.checks) - set(hidden_checks(kata))
+    with Zygote([kata.framework]) as zygote:
+        for code, path in paths.items():
+            full = grade(kata, path, seed=SEED, device="cpu", zygote=zygote)
+            expected = {c["id"]: (c["status"], c["diagnosis"]) for c in full["checks"] if c["id"] in public}
+            got = {c["id"]: (c["status"], c["diagnosis"]) for c in replayed[code]["checks"] if c["id"] in public}
+            assert got == expected, code
+            assert replayed[code]["status"] == "failed"
