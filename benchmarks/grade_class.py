@@ -80,7 +80,8 @@ def main():
                     for p in sample) / max(1, len(sample))
         print(f"class: {args.learners} learners x {n_katas} katas = {pairs} pairs ({files} files, "
               f"{pairs - files} missing); {len(os.sched_getaffinity(0))} CPUs, -j {args.jobs}")
-        print(f"kata grade:          {total:7.1f} s in total, {total / pairs:.3f} s per (learner, kata)")
+        print(f"kata grade:          {total:7.1f} s in total, {total / pairs:.3f} s per (learner, kata), "
+              f"{total / files:.3f} s per submitted file")
         print(f"kata grade, resumed: {resume:7.1f} s (nothing changed: every pair skipped)")
         print(f"one `kata check` per pair (mean of {len(sample)}): {naive:.3f} s per pair, "
               f"{naive / (total / pairs):.1f}x the cost per pair of `kata grade`")
