@@ -9,10 +9,10 @@ skipped: they run when an instructor grades. ``bundle.json`` there marks a kit a
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import tempfile
 from functools import cache
+from importlib import metadata
 from pathlib import Path
 
 from .manifest import ROOT, Kata
@@ -110,8 +110,7 @@ def _copy_kit(out: Path, katas: list[Kata]):
     for name in ("cli.py", "README.md", "LICENSE"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, out / name)
-    (out / "pyproject.toml").write_text(_bundle_pyproject((ROOT / "pyproject.toml").read_text(encoding="utf-8")),
-                                        encoding="utf-8")
+    (out / "pyproject.toml").write_text(_bundle_pyproject(readme=(out / "README.md").exists()), encoding="utf-8")
     shutil.copytree(ROOT / "graders" / "engine", out / "graders" / "engine", ignore=skip)
     shutil.copy2(ROOT / "graders" / "__init__.py", out / "graders" / "__init__.py")
     (out / "katas").mkdir()
@@ -122,13 +121,18 @@ def _copy_kit(out: Path, katas: list[Kata]):
         shutil.copytree(kata.dir, out / "katas" / kata.dir.name, ignore=skip)
 
 
-def _bundle_pyproject(text: str) -> str:
-    """The kit's pyproject.toml without the reference package, and with the recordings as data."""
-    packages = re.compile(r'^packages = \[(.*)\]$', re.M)
-    match = packages.search(text)
-    if match is None or '"reference"' not in match.group(1):
-        raise ReleaseError("pyproject.toml has no `packages = [...]` line listing \"reference\": update release.py.")
-    kept = ", ".join(p.strip() for p in match.group(1).split(",") if p.strip() != '"reference"')
-    text = packages.sub(f"packages = [{kept}]", text, count=1)
-    return text.replace("[tool.setuptools.package-data]\n",
-                        '[tool.setuptools.package-data]\ngraders = ["recorded/*.json", "recorded/*.npz"]\n', 1)
+def _bundle_pyproject(*, readme: bool) -> str:
+    """The bundle's pyproject.toml, from the installed kit's metadata (a checkout or a wheel
+    install alike): the same name, version and dependencies, no reference package, and the
+    recordings as package data."""
+    meta = metadata.metadata("attention-katas")
+    requires = [r for r in meta.get_all("Requires-Dist") or [] if "extra ==" not in r]
+    lines = ['[build-system]', 'requires = ["setuptools>=69"]', 'build-backend = "setuptools.build_meta"', '',
+             '[project]', 'name = "attention-katas"', f'version = "{meta["Version"]}"',
+             'description = "Attention katas: a student bundle (public checks, recorded expected values)."',
+             *(['readme = "README.md"'] if readme else []), f'requires-python = "{meta["Requires-Python"]}"',
+             f'dependencies = {json.dumps(requires)}', '', '[project.scripts]', 'kata = "cli:main"', '',
+             '[tool.setuptools]', 'py-modules = ["cli"]', 'packages = ["graders", "graders.engine", "katas"]', '',
+             '[tool.setuptools.package-data]', 'katas = ["*/kata.toml", "*/README.md", "*/stub.py"]',
+             '"graders.engine" = ["result.schema.json"]', 'graders = ["recorded/*.json", "recorded/*.npz"]']
+    return "\n".join(lines) + "\n"
