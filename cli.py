@@ -277,13 +277,14 @@ def grade_class(submissions, out, kata_names, jobs, force, seed, device, show_hi
     click.echo(f"Grading {len(run.learners)} learner(s) x {len(katas)} kata(s): {len(todo)} pair(s) to grade, "
                f"{len(run.pairs) - len(todo)} unchanged since their last grading; seed {run.seed}.", err=True)
     started = time.perf_counter()
-    done = 0
+    done = graded = 0
     with click.progressbar(length=len(todo), label="grading", show_pos=True, show_eta=True, file=sys.stderr,
                            item_show_func=lambda rate: rate) as progress:
         def advance(pair, result):
-            nonlocal done
+            nonlocal done, graded
             done += 1
-            progress.update(1, f"{done / (time.perf_counter() - started):.1f} pairs/s")
+            graded += result["seed"] is not None   # missing files take no time: not in the rate
+            progress.update(1, f"{graded / (time.perf_counter() - started):.1f} pairs/s")
 
         try:
             run.run(todo, advance)
