@@ -9,6 +9,7 @@ then rebuilt from the records; only they are meant for learners.
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as futures
 import csv
 import hashlib
@@ -102,6 +103,7 @@ _zygotes = {}
 def _init_process():
     # Ctrl-C reaches the whole foreground group: the parent decides, and lets running pairs finish.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    atexit.register(lambda: [zygote.close() for zygote in _zygotes.values()])
     import torch
 
     torch.set_num_threads(1)   # one process per core already
@@ -124,18 +126,13 @@ def _grade_in_process(slug: str, file: str, seed: int, device: str, protected: l
 
 # --- protection of graded runs --------------------------------------------------------------------
 
-def protect(paths) -> list[Path]:
+def protect(paths):
     """As root, make these directories root-only (mode 0700), so that the sandbox's unprivileged
     user can read neither the kit's reference and graders nor any learner's files or grades."""
-    if os.geteuid() != 0:
-        return []
-    done = []
-    for path in paths:
-        path = Path(path)
-        if path.is_dir():
-            os.chmod(path, stat.S_IRWXU)
-            done.append(path)
-    return done
+    if os.geteuid() == 0:
+        for path in map(Path, paths):
+            if path.is_dir():
+                os.chmod(path, stat.S_IRWXU)
 
 
 # --- the run --------------------------------------------------------------------------------------
