@@ -16,6 +16,7 @@ import click
 from graders.engine import manifest, release
 from graders.engine.manifest import Kata, ManifestError
 from graders.engine.report import bar, render
+from graders.engine.notebook import grade_notebook, notebook
 from graders.engine.runner import DEVICES, RunnerError, grade, new_seed
 from graders.engine.workspace import Workspace
 
@@ -126,13 +127,14 @@ def start(kata_name, workspace):
 def check(kata_name, file, as_json, device, seed, workspace):
     """Grade KATA (every started kata if none is given).
 
+    --file may be a notebook (.ipynb): its solution cells are graded.
     Exit code 0 when everything passed, 1 when a check did not, 2 on a usage or environment error.
     """
     ws = _workspace(workspace)
     if file is not None:
         if not file.is_file():
             raise click.BadParameter(f"{file} does not exist.", param_hint="--file")
-        jobs = [(_kata(kata_name or file.name), file)]
+        jobs = [(_kata(kata_name or file.with_suffix(".py").name), file)]
     elif kata_name:
         kata = _kata(kata_name)
         path = ws.file_for(kata)
@@ -153,9 +155,12 @@ def check(kata_name, file, as_json, device, seed, workspace):
     for kata, path in jobs:
         try:
             # Self-study replays hidden checks too: --seed draws their inputs as well.
-            result = grade(kata, path, seed=seed, device=device, hidden_seed=seed)
+            grade_file = grade_notebook if path.suffix == ".ipynb" else grade
+            result = grade_file(kata, path, seed=seed, device=device, hidden_seed=seed)
         except RunnerError as exc:
             raise EnvironmentProblem(str(exc)) from None
+        except ValueError as exc:   # a notebook without a solution cell
+            raise click.BadParameter(str(exc), param_hint="--file") from None
         results.append(result)
         ws.record_result(kata, result)
         if as_json:
@@ -222,6 +227,26 @@ def reset(kata_name, workspace):
     ws.root.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(kata.stub_path, target)
     click.echo(f"Restored the stub in {target}")
+
+
+@main.command("notebook")
+@click.argument("kata_name", metavar="KATA")
+@workspace_option
+def notebook_(kata_name, workspace):
+    """Write KATA's self-study notebook (e.g. softmax.ipynb) into your workspace.
+
+    It holds the task, a solution cell with the stub, and a check cell that grades that cell in
+    the kit's sandbox. `kata check KATA --file softmax.ipynb` grades the saved notebook.
+    """
+    kata = _kata(kata_name)
+    ws = _workspace(workspace)
+    target = ws.root / Path(kata.learner_file).with_suffix(".ipynb")
+    if target.exists():
+        raise click.UsageError(f"{target} already exists: it is yours, so it is left alone. "
+                               f"Move it away first for a fresh one.")
+    ws.root.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(notebook(kata), indent=1) + "\n", encoding="utf-8")
+    click.echo(f"Wrote {target}: open it in Jupyter, write your code in the solution cell, run the check cell.")
 
 
 def _kata_list(values: tuple[str, ...]) -> list[Kata]:

@@ -1,0 +1,104 @@
+"""Katas in Jupyter: a self-study notebook per kata, and grading the solution cells of a notebook.
+
+A kata's notebook is generated from its files, never kept by hand: the README as markdown, the
+stub as the solution cell, and a check cell. The solution cell is tagged ``kata-solution`` and
+starts with a marker line, so the check cell finds the code the kernel last ran for it (no need
+to save the notebook first) and ``kata check KATA --file x.ipynb`` finds it in the saved file.
+Grading is the kit's usual run: the learner's code goes to the sandbox, never into the check.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from .manifest import Kata
+
+SOLUTION_TAG = "kata-solution"
+
+
+def marker(kata: Kata) -> str:
+    return f"# kata solution: {kata.slug} (your code goes in this cell; `kata check` grades it)"
+
+
+def _cell(kind: str, source: str, tags: tuple[str, ...] = ()) -> dict:
+    cell = {"cell_type": kind, "id": "", "metadata": {"tags": list(tags)} if tags else {}, "source": source}
+    if kind == "code":
+        cell.update(execution_count=None, outputs=[])
+    return cell
+
+
+def notebook(kata: Kata) -> dict:
+    """The self-study notebook of ``kata`` (nbformat 4)."""
+    check = (f"Run the cell below to grade the solution cell as `kata check {kata.slug}` would, in the "
+             "kit's sandbox. Run the solution cell first: the check grades what the kernel last ran there.")
+    cells = [_cell("markdown", kata.readme_path.read_text(encoding="utf-8")),
+             _cell("code", marker(kata) + "\n" + kata.stub_path.read_text(encoding="utf-8").rstrip("\n"),
+                   (SOLUTION_TAG,)),
+             _cell("markdown", check),
+             _cell("code", f"from graders.engine.notebook import check\ncheck({kata.slug!r})")]
+    for i, cell in enumerate(cells):
+        cell["id"] = f"{kata.slug}-{i}"
+    return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                         "language_info": {"name": "python"}}}
+
+
+def _text(source) -> str:
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def _is_solution(cell: dict) -> bool:
+    meta = cell.get("metadata") or {}
+    return (SOLUTION_TAG in (meta.get("tags") or []) or bool((meta.get("nbgrader") or {}).get("solution"))
+            or "### BEGIN SOLUTION" in _text(cell.get("source", "")))
+
+
+def solution_source(path: Path) -> str:
+    """The code of a notebook's solution cells (tagged ``kata-solution``, or nbgrader solution
+    cells), joined in order; IPython magics and shell lines become comments."""
+    try:
+        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+        cells = [c for c in nb["cells"] if c.get("cell_type") == "code" and _is_solution(c)]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a readable notebook ({exc}).") from None
+    if not cells:
+        raise ValueError(f"{path} has no solution cell: tag the cell holding your code `{SOLUTION_TAG}`.")
+    return "\n\n".join(_plain_python(_text(c["source"])) for c in cells) + "\n"
+
+
+def _plain_python(source: str) -> str:
+    return "\n".join(f"# {line}" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+
+
+def grade_notebook(kata: Kata, path: Path, **options) -> dict:
+    """Grade the solution cells of the notebook at ``path`` like a learner file."""
+    from .runner import grade
+
+    source = solution_source(path)
+    with tempfile.TemporaryDirectory(prefix="kata-notebook-") as tmp:
+        file = Path(tmp) / kata.learner_file
+        file.write_text(source, encoding="utf-8")
+        result = grade(kata, file, **options)
+    return {**result, "file": str(Path(path).resolve())}
+
+
+def check(slug: str, *, seed: int | None = None):
+    """The check cell: grade the code the kernel last ran in this kata's solution cell, in the
+    kit's sandbox, and print the report."""
+    from IPython import get_ipython
+
+    from . import manifest
+    from .report import render
+    from .runner import grade
+
+    kata = manifest.find(slug)
+    ran = [cell for cell in get_ipython().user_ns.get("In", []) if cell.lstrip().startswith(marker(kata))]
+    if not ran:
+        print(f"Run the solution cell first (the one starting with `{marker(kata)}`), then this one.")
+        return
+    with tempfile.TemporaryDirectory(prefix="kata-notebook-") as tmp:
+        file = Path(tmp) / kata.learner_file
+        file.write_text(_plain_python(ran[-1]) + "\n", encoding="utf-8")
+        result = grade(kata, file, seed=seed, hidden_seed=seed, device="auto")
+    print(render({**result, "file": "this notebook"}, kata))

@@ -1,0 +1,69 @@
+"""Katas in Jupyter: `kata notebook`, its check cell run by a real kernel (nbclient), and
+`kata check --file x.ipynb`."""
+import json
+import re
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from graders.engine.manifest import find
+from graders.engine.notebook import SOLUTION_TAG, solution_source
+
+
+def run_notebook(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    return re.sub(r"\x1b\[[0-9;]*m", "", "".join(o.get("text", "") for o in nb.cells[-1].outputs))
+
+
+@pytest.fixture
+def softmax_notebook(kata_cmd):
+    run = kata_cmd("notebook", "softmax")
+    assert run.returncode == 0, run.stderr
+    return kata_cmd.workspace / "softmax.ipynb"
+
+
+def test_the_notebook_runs_top_to_bottom_and_reports_not_started(softmax_notebook):
+    nb = json.loads(softmax_notebook.read_text())
+    assert find("softmax").readme_path.read_text() in "".join(nb["cells"][0]["source"])
+    assert "NOT-STARTED  0/10 points" in run_notebook(softmax_notebook)
+
+
+def test_the_check_cell_grades_what_the_kernel_ran(softmax_notebook):
+    nb = json.loads(softmax_notebook.read_text())
+    solution = next(c for c in nb["cells"] if SOLUTION_TAG in c["metadata"].get("tags", []))
+    solution["source"] = solution["source"].split("\n")[0] + "\n" + find("softmax").reference_path.read_text()
+    softmax_notebook.write_text(json.dumps(nb))
+    assert "PASSED  10/10 points" in run_notebook(softmax_notebook)
+
+
+def test_kata_check_grades_a_saved_notebooks_solution_cells(softmax_notebook, kata_cmd):
+    stub = kata_cmd("check", "softmax", "--file", "softmax.ipynb")
+    assert stub.returncode == 1 and "NOT-STARTED" in stub.stdout
+    nb = json.loads(softmax_notebook.read_text())
+    solution = next(c for c in nb["cells"] if SOLUTION_TAG in c["metadata"].get("tags", []))
+    solution["source"] = "%load_ext autoreload\n" + find("softmax").reference_path.read_text()   # a magic is fine
+    softmax_notebook.write_text(json.dumps(nb))
+    done = kata_cmd("check", "--file", "softmax.ipynb", "--json")
+    result = json.loads(done.stdout)
+    assert done.returncode == 0 and result["status"] == "passed" and result["file"] == str(softmax_notebook)
+
+
+def test_a_notebook_without_a_solution_cell_is_a_usage_error(kata_cmd):
+    path = kata_cmd.workspace / "softmax.ipynb"
+    path.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "source": "x = 1",
+                                           "outputs": [], "execution_count": None}],
+                                "nbformat": 4, "nbformat_minor": 5, "metadata": {}}))
+    run = kata_cmd("check", "softmax", "--file", str(path))
+    assert run.returncode == 2 and "has no solution cell" in run.stderr
+    with pytest.raises(ValueError, match="has no solution cell"):
+        solution_source(path)
+
+
+def test_kata_notebook_never_overwrites_the_learners_notebook(softmax_notebook, kata_cmd):
+    softmax_notebook.write_text("my work")
+    again = kata_cmd("notebook", "softmax")
+    assert again.returncode == 2 and "left alone" in again.stderr
+    assert softmax_notebook.read_text() == "my work"
