@@ -249,6 +249,70 @@ def notebook_(kata_name, workspace):
     click.echo(f"Wrote {target}: open it in Jupyter, write your code in the solution cell, run the check cell.")
 
 
+@main.group("nbgrader")
+def nbgrader_():
+    """nbgrader courses generated from the katas, autograded by the kit (needs the nbgrader extra)."""
+
+
+@nbgrader_.command("init")
+@click.argument("course", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--assignment", default="katas", show_default=True, help="The assignment's name.")
+@click.option("--katas", "kata_names", multiple=True, metavar="KATA[,KATA...]",
+              help="Only these katas (comma-separated or repeated); all by default.")
+def nbgrader_init(course, assignment, kata_names):
+    """Write an nbgrader course: nbgrader_config.py and source/ASSIGNMENT/<kata>.ipynb.
+
+    Each notebook is generated from its kata: the task, the reference between solution
+    delimiters (the released notebook holds the stub), and a graded test cell per check with its
+    points, hidden checks between hidden-test delimiters. Then run `nbgrader generate_assignment
+    ASSIGNMENT` in COURSE as usual.
+    """
+    from graders.engine.course import init
+
+    _full_kit("nbgrader init")
+    try:
+        written = init(course, assignment, _kata_list(kata_names))
+    except FileExistsError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"Wrote {course / 'nbgrader_config.py'} and {len(written)} notebook(s) in {course / 'source' / assignment}.\n"
+               f"Next: cd {course} && nbgrader generate_assignment {assignment}")
+
+
+@nbgrader_.command("autograde")
+@click.argument("course", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("assignment")
+@click.option("--katas", "kata_names", multiple=True, metavar="KATA[,KATA...]",
+              help="Only these katas (comma-separated or repeated); by default every kata the assignment holds.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)),
+              show_default="the number of CPUs", help="Notebooks graded at the same time.")
+def nbgrader_autograde(course, assignment, kata_names, jobs):
+    """Grade COURSE/submitted/<student>/ASSIGNMENT/*.ipynb with the kit; scores go to the gradebook.
+
+    The learners' solution cells are graded in the kit's sandbox (never in a kernel next to the
+    test cells, where their code could patch the checks); each check's score becomes the auto
+    score of its test cell, so `nbgrader export` and the formgrader show it. The kit's records,
+    feedback.md and results.json per student are in COURSE/kata/ASSIGNMENT/.
+    """
+    from graders.engine.course import autograde
+    from graders.engine.sandbox import SandboxUnusable, sandbox_uid
+
+    _full_kit("nbgrader autograde")
+    source = course / "source" / assignment
+    katas = [k for k in _kata_list(kata_names) if (source / f"{k.module}.ipynb").is_file()]
+    if not katas:
+        raise click.UsageError(f"{source} holds no kata notebook: `kata nbgrader init` writes them.")
+    try:
+        sandbox_uid()
+        results = autograde(course, assignment, katas, jobs=jobs)
+    except (LookupError, SandboxUnusable) as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    for student, by_kata in results.items():
+        total = sum(r["score"] for r in by_kata.values())
+        most = sum(r["max_score"] for r in by_kata.values())
+        click.echo(f"{student}: {total:g}/{most:g}")
+    click.echo(f"Scores written to {course / 'gradebook.db'}: `nbgrader export` in {course} exports them.")
+
+
 def _kata_list(values: tuple[str, ...]) -> list[Kata]:
     names = [name.strip() for value in values for name in value.split(",") if name.strip()]
     if not names:

@@ -83,22 +83,53 @@ def grade_notebook(kata: Kata, path: Path, **options) -> dict:
     return {**result, "file": str(Path(path).resolve())}
 
 
-def check(slug: str, *, seed: int | None = None):
-    """The check cell: grade the code the kernel last ran in this kata's solution cell, in the
-    kit's sandbox, and print the report."""
+_graded = {}   # (slug, source) -> result: the test cells of one notebook share one grading
+
+
+def _grade_last_run(kata: Kata, seed: int | None) -> dict | None:
+    """Grade the code the kernel last ran in ``kata``'s solution cell (None: it never ran)."""
     from IPython import get_ipython
 
-    from . import manifest
-    from .report import render
+    from .release import bundle_info
     from .runner import grade
 
-    kata = manifest.find(slug)
     ran = [cell for cell in get_ipython().user_ns.get("In", []) if cell.lstrip().startswith(marker(kata))]
     if not ran:
         print(f"Run the solution cell first (the one starting with `{marker(kata)}`), then this one.")
-        return
-    with tempfile.TemporaryDirectory(prefix="kata-notebook-") as tmp:
-        file = Path(tmp) / kata.learner_file
-        file.write_text(_plain_python(ran[-1]) + "\n", encoding="utf-8")
-        result = grade(kata, file, seed=seed, hidden_seed=seed, device="auto")
-    print(render({**result, "file": "this notebook"}, kata))
+        return None
+    bundle = bundle_info()
+    seed = bundle["seed"] if seed is None and bundle else seed   # a student bundle checks at its seed
+    key = (kata.slug, ran[-1], seed)
+    if key not in _graded:
+        with tempfile.TemporaryDirectory(prefix="kata-notebook-") as tmp:
+            file = Path(tmp) / kata.learner_file
+            file.write_text(_plain_python(ran[-1]) + "\n", encoding="utf-8")
+            _graded[key] = {**grade(kata, file, seed=seed, hidden_seed=seed, device="auto"), "file": "this notebook"}
+    return _graded[key]
+
+
+def check(slug: str, *, seed: int | None = None):
+    """The check cell: grade the code the kernel last ran in this kata's solution cell, in the
+    kit's sandbox, and print the report."""
+    from . import manifest
+    from .report import render
+
+    kata = manifest.find(slug)
+    result = _grade_last_run(kata, seed)
+    if result is not None:
+        print(render(result, kata))
+
+
+def check_cell(slug: str, check_id: str, *, seed: int | None = None):
+    """An nbgrader test cell: print one check's report; fail (AssertionError) if it did not pass."""
+    from . import manifest
+    from .report import check_lines
+
+    kata = manifest.find(slug)
+    result = _grade_last_run(kata, seed)
+    if result is None:
+        raise AssertionError("the solution cell has not been run")
+    check = next(c for c in result["checks"] if c["id"] == check_id)
+    print("\n".join(check_lines(check, kata)))
+    if check["status"] not in ("passed", "skipped"):
+        raise AssertionError(f"{check_id} did not pass")

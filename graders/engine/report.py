@@ -34,7 +34,7 @@ def render(result: dict, kata: Kata) -> str:
         lines.append("")
         width = max(len(c["id"]) for c in result["checks"])
         for check in result["checks"]:
-            lines += _check_lines(check, kata, width)
+            lines += check_lines(check, kata, width)
     counted = [c for c in result["checks"] if c["status"] != "skipped"]
     passed = sum(c["status"] == "passed" for c in counted)
     colour = {"passed": "green", "failed": "red", "error": "red", "not-started": "yellow"}[status]
@@ -54,7 +54,7 @@ def render(result: dict, kata: Kata) -> str:
     return "\n".join(lines)
 
 
-def _check_lines(check: dict, kata: Kata, width: int) -> list[str]:
+def check_lines(check: dict, kata: Kata, width: int = 0) -> list[str]:
     mark, colour = MARKS[check["status"]]
     points = f"{_points(check['score'])}/{_points(kata.checks.get(check['id'], check['max_score']))}"
     # Hidden checks draw fresh inputs at grading: the label says why a replay may differ there.

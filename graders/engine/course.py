@@ -1,0 +1,183 @@
+"""nbgrader courses: generated from the katas, autograded by the kit, scores in the gradebook.
+
+``init`` writes a course directory: ``nbgrader_config.py`` and ``source/<assignment>/<kata>.ipynb``
+per kata. Each notebook is generated from the kata's files: the README; a solution cell holding
+the reference with every function body the stub leaves to the learner between ``### BEGIN
+SOLUTION`` / ``### END SOLUTION`` (so ``nbgrader generate_assignment`` releases the stub's
+signatures and docstrings and none of the reference's code); and one graded test cell per check,
+with the check's points, the hidden ones between ``### BEGIN HIDDEN TESTS`` / ``### END HIDDEN
+TESTS``.
+
+``autograde`` grades ``submitted/<student>/<assignment>/<kata>.ipynb`` with the kit, not with
+nbgrader's autograde: nbgrader would execute the learner's cells in the same kernel as the test
+cells, where the learner's code can patch the checks. The kit reads the solution cells, grades
+them in its sandbox (``kata grade``'s batch, resumable), and writes each check's score into the
+grade of its test cell through nbgrader's gradebook API, so ``nbgrader export`` and the
+formgrader show them.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import tempfile
+import warnings
+from pathlib import Path
+
+from .manifest import Kata
+from .notebook import marker, solution_source
+from .plugin import check_names, grader_files, hidden_grader
+
+CONFIG = '''c = get_config()  # noqa: F821  (nbgrader's config file)
+c.CourseDirectory.course_id = {course!r}
+c.CourseDirectory.db_url = "sqlite:///gradebook.db"
+'''
+
+
+def _nbgrader(grade_id: str, *, solution=False, grade=False, locked=False, points=None) -> dict:
+    meta = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3, "solution": solution}
+    if points is not None:
+        meta["points"] = points
+    return {"nbgrader": meta}
+
+
+def _cell(kind: str, cell_id: str, source: str, metadata: dict | None = None) -> dict:
+    cell = {"cell_type": kind, "id": cell_id, "metadata": metadata or {}, "source": source}
+    if kind == "code":
+        cell.update(execution_count=None, outputs=[])
+    return cell
+
+
+def _left_to_learner(stub: str) -> set[str]:
+    """Qualified names of the stub's functions whose body raises NotImplementedError."""
+    names = set()
+
+    def visit(node, prefix=""):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if any(isinstance(n, ast.Raise) and "NotImplementedError" in ast.unparse(n) for n in ast.walk(child)):
+                    names.add(prefix + child.name)
+
+    visit(ast.parse(stub))
+    return names
+
+
+def solution_cell_source(kata: Kata) -> str:
+    """The reference, each function body the stub leaves to the learner (after its docstring)
+    between solution delimiters, indented like the body."""
+    reference = kata.reference_path.read_text(encoding="utf-8")
+    todo = _left_to_learner(kata.stub_path.read_text(encoding="utf-8"))
+    lines = reference.splitlines()
+    regions = []   # (first line, last line, indent), 1-based, inclusive
+
+    def visit(node, prefix=""):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and prefix + child.name in todo:
+                documented = ast.get_docstring(child) is not None
+                body = child.body[1:] if documented else child.body
+                if body:
+                    first = min([body[0].lineno] + [d.lineno for d in getattr(body[0], "decorator_list", [])])
+                    indent = lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())]
+                    # The comments above the first statement explain the solution: they go too.
+                    above = child.body[0].end_lineno if documented else child.lineno
+                    while first - 1 > above and lines[first - 2].strip().startswith("#"):
+                        first -= 1
+                    regions.append((first, child.end_lineno, indent))
+
+    visit(ast.parse(reference))
+    for first, last, indent in sorted(regions, reverse=True):
+        lines[first - 1:last] = [f"{indent}### BEGIN SOLUTION", *lines[first - 1:last], f"{indent}### END SOLUTION"]
+    return "\n".join(lines) + "\n"
+
+
+def course_notebook(kata: Kata) -> dict:
+    """The nbgrader source notebook of ``kata``."""
+    hidden = check_names(hidden_grader(kata)) if hidden_grader(kata).exists() else {}
+    names = {cid: name for path in grader_files(kata) for cid, name in check_names(path).items()}
+    cells = [_cell("markdown", f"{kata.slug}-task", kata.readme_path.read_text(encoding="utf-8")),
+             _cell("code", f"{kata.slug}-solution", marker(kata) + "\n" + solution_cell_source(kata),
+                   _nbgrader(f"{kata.slug}-solution", solution=True))]
+    for cid, points in kata.checks.items():
+        call = (f"# {names.get(cid, cid)} ({points:g} point(s)): graded by the kit, in its sandbox.\n"
+                f"from graders.engine.notebook import check_cell\ncheck_cell({kata.slug!r}, {cid!r})")
+        source = f"### BEGIN HIDDEN TESTS\n{call}\n### END HIDDEN TESTS" if cid in hidden else call
+        cells.append(_cell("code", f"{kata.slug}-{cid}", source,
+                           _nbgrader(f"{kata.slug}-{cid}", grade=True, locked=True, points=points)))
+    return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                         "language_info": {"name": "python"}}}
+
+
+def init(course: Path, assignment: str, katas: list[Kata]):
+    """Write the course directory; refuses to overwrite a notebook or a config already there."""
+    source = course / "source" / assignment
+    targets = [source / f"{k.module}.ipynb" for k in katas]
+    config = course / "nbgrader_config.py"
+    taken = [p for p in [*targets, config] if p.exists()]
+    if taken:
+        raise FileExistsError(f"{', '.join(map(str, taken))} already exist(s): they may hold your edits, "
+                              "so nothing was written. Choose another course folder or assignment.")
+    source.mkdir(parents=True, exist_ok=True)
+    config.write_text(CONFIG.format(course=course.resolve().name), encoding="utf-8")
+    for kata, target in zip(katas, targets):
+        target.write_text(json.dumps(course_notebook(kata), indent=1) + "\n", encoding="utf-8")
+    return targets
+
+
+def submissions(course: Path, assignment: str, katas: list[Kata]) -> dict[str, dict[str, Path]]:
+    """student -> {kata slug: submitted notebook}."""
+    root = course / "submitted"
+    found = {}
+    for student in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        folder = student / assignment
+        if folder.is_dir():
+            found[student.name] = {k.slug: folder / f"{k.module}.ipynb" for k in katas
+                                   if (folder / f"{k.module}.ipynb").is_file()}
+    return found
+
+
+def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, progress=lambda pair, result: None):
+    """Grade the submitted notebooks with the kit and write the scores into nbgrader's gradebook."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from .batch import Grading
+
+    found = submissions(course, assignment, katas)
+    if not found:
+        raise LookupError(f"no submissions in {course / 'submitted'}/<student>/{assignment}/.")
+    out = course / "kata" / assignment   # the kit's records, feedback.md and results per student
+    with tempfile.TemporaryDirectory(prefix="kata-nbgrader-") as tmp:
+        subs = Path(tmp)
+        for student, notebooks in found.items():
+            (subs / student).mkdir()
+            for kata in katas:
+                try:
+                    source = solution_source(notebooks[kata.slug]) if kata.slug in notebooks else None
+                except ValueError:   # no solution cell left in it: nothing to grade, as if missing
+                    source = None
+                if source is not None:
+                    (subs / student / kata.learner_file).write_text(source, encoding="utf-8")
+        run = Grading(subs, out, katas, jobs=jobs, force=False, seed=None, device="cpu",
+                      show_hidden_diagnoses=False)
+        run.run(run.todo(), progress)
+        run.write_class_files()
+        results = run.results()
+    with warnings.catch_warnings(), Gradebook(f"sqlite:///{(course / 'gradebook.db').resolve()}") as gb:
+        warnings.filterwarnings("ignore", module="nbgrader")   # its SQLAlchemy models warn on first use
+        for student, by_kata in results.items():
+            gb.update_or_create_student(student)
+            try:
+                gb.find_submission(assignment, student)
+            except MissingEntry:
+                gb.add_submission(assignment, student)
+            for kata in katas:
+                result = by_kata.get(kata.slug)
+                scores = {c["id"]: c["score"] for c in result["checks"]} if result else {}
+                for cid in kata.checks:
+                    grade = gb.find_grade(f"{kata.slug}-{cid}", kata.module, assignment, student)
+                    grade.auto_score = scores.get(cid, 0.0)
+        gb.db.commit()
+    return results

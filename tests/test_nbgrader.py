@@ -1,0 +1,111 @@
+"""An nbgrader course end to end, with the real nbgrader: `kata nbgrader init`, `nbgrader
+generate_assignment`, learners' notebooks in submitted/, `kata nbgrader autograde`, `nbgrader export`."""
+import ast
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from graders.engine.manifest import find
+
+KATA = Path(sys.executable).with_name("kata")
+KATAS = ("softmax", "causal-mask", "mha")
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}   # nbgrader runs alembic
+OVERFLOW = ("import numpy as np\n\ndef softmax(x, axis=-1):\n    e = np.exp(x)\n"
+            "    return e / e.sum(axis=axis, keepdims=True)\n")
+PATCHED = "import numpy as np\nnp.allclose = lambda *a, **k: True\nnp.testing.assert_allclose = lambda *a, **k: None\n" + OVERFLOW
+
+
+def run(*cmd, cwd):
+    done = subprocess.run([str(c) for c in cmd], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def reference(slug):
+    return find(slug).reference_path.read_text()
+
+
+CLASS = {   # student -> {kata: solution cell code (None: the released stub untouched)}; absent kata: no notebook
+    "alice": {slug: reference(slug) for slug in KATAS},
+    "bob": {slug: None for slug in KATAS},
+    "carol": {"softmax": OVERFLOW},
+    "dave": {"softmax": "import os\nos._exit(0)\n", "causal-mask": "def causal_mask(n\n"},
+    "erin": {"softmax": PATCHED},
+    "frank": {"mha": reference("mha")},
+}
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    course = tmp_path_factory.mktemp("course")
+    run(KATA, "nbgrader", "init", course, "--assignment", "ps1", "--katas", ",".join(KATAS), cwd=course)
+    run(sys.executable, "-m", "nbgrader", "generate_assignment", "ps1", "--force", cwd=course)
+    for student, solutions in CLASS.items():
+        folder = course / "submitted" / student / "ps1"
+        folder.mkdir(parents=True)
+        for slug, code in solutions.items():
+            module = find(slug).module
+            nb = json.loads((course / "release" / "ps1" / f"{module}.ipynb").read_text())
+            if code is not None:
+                cell = next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("solution"))
+                cell["source"] = "".join(cell["source"]).split("\n")[0] + "\n" + code
+            (folder / f"{module}.ipynb").write_text(json.dumps(nb))
+    graded = run(KATA, "nbgrader", "autograde", course, "ps1", cwd=course)
+    return course, graded
+
+
+def exported(course):
+    run(sys.executable, "-m", "nbgrader", "export", cwd=course)
+    with open(course / "grades.csv", newline="") as f:
+        return {row["student_id"]: row for row in csv.DictReader(f)}
+
+
+def test_nbgrader_export_gives_the_kits_scores(course):
+    course, _ = course
+    rows = exported(course)
+    most = sum(find(slug).max_score for slug in KATAS)
+    assert {s: float(r["max_score"]) for s, r in rows.items()} == {s: most for s in CLASS}
+    score = {s: float(r["raw_score"]) for s, r in rows.items()}
+    assert score["alice"] == most
+    assert score["bob"] == score["dave"] == 0
+    assert 0 < score["carol"] < find("softmax").max_score     # right except for large logits
+    assert score["erin"] <= score["carol"]                      # patching numpy earns nothing
+    assert score["frank"] == find("mha").max_score             # two notebooks missing
+
+
+def test_the_released_notebooks_hold_the_stub_and_no_reference_code(course):
+    course, _ = course
+    for slug in KATAS:
+        kata = find(slug)
+        cells = json.loads((course / "release" / "ps1" / f"{kata.module}.ipynb").read_text())["cells"]
+        # The task (markdown) names the API on purpose; the code cells must not hold the answers.
+        released = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        # Every line of the reference that the stub does not share is part of the answer, but for
+        # its module docstring and imports.
+        text = kata.reference_path.read_text()
+        doc = (ast.get_docstring(ast.parse(text)) or "").splitlines() or [""]
+        preamble = {line.strip() for line in doc} | {f'"""{doc[0]}'}
+        answer = {line.strip() for line in text.splitlines() if not line.startswith(("import ", "from "))} - \
+            {line.strip() for line in kata.stub_path.read_text().splitlines()} - preamble - {"", '"""'}
+        assert not answer & {line.strip() for line in released.splitlines()}, slug
+        assert "raise NotImplementedError" in released
+        assert "BEGIN HIDDEN TESTS" not in released
+        source = json.loads((course / "source" / "ps1" / f"{kata.module}.ipynb").read_text())["cells"]
+        hidden = [c["metadata"]["nbgrader"]["grade_id"] for c in source if "BEGIN HIDDEN TESTS" in "".join(c["source"])]
+        assert hidden, slug
+        for grade_id in hidden:   # the cell stays (its points count), its code is gone
+            cell = next(c for c in cells if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+            assert "check_cell" not in "".join(cell["source"])
+
+
+def test_autograde_again_keeps_the_scores_and_writes_the_kits_feedback(course):
+    course, first = course
+    again = run(KATA, "nbgrader", "autograde", course, "ps1", cwd=course)
+    assert again.stdout == first.stdout
+    assert "softmax-overflow" in (course / "kata" / "ps1" / "carol" / "feedback.md").read_text()
+    assert float(exported(course)["alice"]["raw_score"]) == sum(find(slug).max_score for slug in KATAS)
