@@ -4,6 +4,7 @@ Thin on purpose: parse the command line, call the engine in graders/engine, rend
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -297,6 +298,8 @@ def nbgrader_autograde(course, assignment, kata_names, jobs):
     from graders.engine.sandbox import SandboxUnusable, sandbox_uid
 
     _full_kit("nbgrader autograde")
+    if importlib.util.find_spec("nbgrader") is None:
+        raise EnvironmentProblem("nbgrader is not installed here: pip install 'attention-katas[nbgrader]'")
     source = course / "source" / assignment
     katas = [k for k in _kata_list(kata_names) if (source / f"{k.module}.ipynb").is_file()]
     if not katas:
