@@ -56,6 +56,16 @@ def _full_kit(command: str):
         raise EnvironmentProblem(release.NO_REFERENCE.format(command=command))
 
 
+def _sandbox_usable():
+    """Before grading many files: as root, the sandbox user must be able to run Python."""
+    from graders.engine.sandbox import SandboxUnusable, sandbox_uid
+
+    try:
+        sandbox_uid()
+    except SandboxUnusable as exc:
+        raise EnvironmentProblem(str(exc)) from None
+
+
 def _all_katas() -> tuple[Kata, ...]:
     try:
         return manifest.katas()
@@ -295,7 +305,6 @@ def nbgrader_autograde(course, assignment, kata_names, jobs):
     feedback.md and results.json per student are in COURSE/kata/ASSIGNMENT/.
     """
     from graders.engine.course import autograde
-    from graders.engine.sandbox import SandboxUnusable, sandbox_uid
 
     _full_kit("nbgrader autograde")
     if importlib.util.find_spec("nbgrader") is None:
@@ -304,10 +313,10 @@ def nbgrader_autograde(course, assignment, kata_names, jobs):
     katas = [k for k in _kata_list(kata_names) if (source / f"{k.module}.ipynb").is_file()]
     if not katas:
         raise click.UsageError(f"{source} holds no kata notebook: `kata nbgrader init` writes them.")
+    _sandbox_usable()
     try:
-        sandbox_uid()
         results = autograde(course, assignment, katas, jobs=jobs)
-    except (LookupError, SandboxUnusable) as exc:
+    except LookupError as exc:
         raise EnvironmentProblem(str(exc)) from None
     for student, by_kata in results.items():
         total = sum(r["score"] for r in by_kata.values())
@@ -349,12 +358,8 @@ def grade_class(submissions, out, kata_names, jobs, force, seed, device, show_hi
     """
     _full_kit("grade")
     from graders.engine.batch import Grading, protect
-    from graders.engine.sandbox import SandboxUnusable, sandbox_uid
 
-    try:
-        sandbox_uid()
-    except SandboxUnusable as exc:
-        raise EnvironmentProblem(str(exc)) from None
+    _sandbox_usable()
     katas = _kata_list(kata_names)
     if out.resolve().is_relative_to(submissions.resolve()):
         raise click.BadParameter("OUT must not be inside SUBMISSIONS (it would be graded as a learner).",

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .manifest import ROOT, Kata
-from .plugin import check_names, grader_files
+from .plugin import check_entry, check_names, grader_files
 
 RECORDS = Path(".kata") / "records"
 HIDDEN_OUTPUT = "Hidden check failed."
@@ -85,8 +85,8 @@ def submission_fingerprint(file: Path) -> str:
 def unrun_result(kata: Kata, file: Path, status: str, message: str) -> dict:
     """A complete result in which every check failed for one reason (no file, a kit failure)."""
     names = {cid: name for path in grader_files(kata) for cid, name in check_names(path).items()}
-    checks = [{"id": cid, "name": names.get(cid) or cid, "status": "failed" if status == "missing" else "error",
-               "score": 0.0, "max_score": points, "message": message, "diagnosis": None}
+    checks = [check_entry(cid, names.get(cid) or cid, status="failed" if status == "missing" else "error",
+                          points=points, message=message)
               for cid, points in kata.checks.items()]
     return {"kata": kata.slug, "file": str(file), "status": status, "score": 0.0,
             "max_score": kata.max_score, "seed": None, "device": "cpu", "duration_s": 0.0,
@@ -297,16 +297,12 @@ def _check_text(check: dict, kata: Kata, show_hidden_diagnoses: bool) -> str:
         return ""
     code = check.get("diagnosis")
     diagnosis = kata.diagnoses.get(code) if code else None
+    said = [f"Diagnosis: {code}" + (f": {diagnosis.explain} Fix: {diagnosis.fix}" if diagnosis else "")] if code else []
     if _hidden(check):
         if check["status"] == "skipped":
             return "Skipped."
-        lines = [HIDDEN_OUTPUT]
-        if show_hidden_diagnoses and code:
-            lines.append(f"Diagnosis: {code}" + (f": {diagnosis.explain} Fix: {diagnosis.fix}" if diagnosis else ""))
-        return "\n".join(lines)
-    lines = [check["message"]]
-    if code:
-        lines.append(f"Diagnosis: {code}" + (f": {diagnosis.explain} Fix: {diagnosis.fix}" if diagnosis else ""))
+        return "\n".join([HIDDEN_OUTPUT, *(said if show_hidden_diagnoses else [])])
+    lines = [check["message"], *said]
     if check.get("output"):
         lines.append("Your code printed:\n" + check["output"])
     return _capped("\n".join(lines))

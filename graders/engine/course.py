@@ -24,8 +24,8 @@ import warnings
 from pathlib import Path
 
 from .manifest import Kata
-from .notebook import marker, solution_source
-from .plugin import check_names, grader_files, hidden_grader
+from .notebook import cell, document, marker, solution_source
+from .plugin import check_names, hidden_grader
 
 CONFIG = '''c = get_config()  # noqa: F821  (nbgrader's config file)
 c.CourseDirectory.course_id = {course!r}
@@ -38,13 +38,6 @@ def _nbgrader(grade_id: str, *, solution=False, grade=False, locked=False, point
     if points is not None:
         meta["points"] = points
     return {"nbgrader": meta}
-
-
-def _cell(kind: str, cell_id: str, source: str, metadata: dict | None = None) -> dict:
-    cell = {"cell_type": kind, "id": cell_id, "metadata": metadata or {}, "source": source}
-    if kind == "code":
-        cell.update(execution_count=None, outputs=[])
-    return cell
 
 
 def _left_to_learner(stub: str) -> set[str]:
@@ -96,19 +89,17 @@ def solution_cell_source(kata: Kata) -> str:
 def course_notebook(kata: Kata) -> dict:
     """The nbgrader source notebook of ``kata``."""
     hidden = check_names(hidden_grader(kata)) if hidden_grader(kata).exists() else {}
-    names = {cid: name for path in grader_files(kata) for cid, name in check_names(path).items()}
-    cells = [_cell("markdown", f"{kata.slug}-task", kata.readme_path.read_text(encoding="utf-8")),
-             _cell("code", f"{kata.slug}-solution", marker(kata) + "\n" + solution_cell_source(kata),
-                   _nbgrader(f"{kata.slug}-solution", solution=True))]
+    names = {**check_names(kata.grader_path), **hidden}
+    cells = [cell("markdown", f"{kata.slug}-task", kata.readme_path.read_text(encoding="utf-8")),
+             cell("code", f"{kata.slug}-solution", marker(kata) + "\n" + solution_cell_source(kata),
+                  _nbgrader(f"{kata.slug}-solution", solution=True))]
     for cid, points in kata.checks.items():
         call = (f"# {names.get(cid, cid)} ({points:g} point(s)): graded by the kit, in its sandbox.\n"
                 f"from graders.engine.notebook import check_cell\ncheck_cell({kata.slug!r}, {cid!r})")
         source = f"### BEGIN HIDDEN TESTS\n{call}\n### END HIDDEN TESTS" if cid in hidden else call
-        cells.append(_cell("code", f"{kata.slug}-{cid}", source,
-                           _nbgrader(f"{kata.slug}-{cid}", grade=True, locked=True, points=points)))
-    return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
-            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                         "language_info": {"name": "python"}}}
+        cells.append(cell("code", f"{kata.slug}-{cid}", source,
+                          _nbgrader(f"{kata.slug}-{cid}", grade=True, locked=True, points=points)))
+    return document(cells)
 
 
 def init(course: Path, assignment: str, katas: list[Kata]):

@@ -21,27 +21,31 @@ def marker(kata: Kata) -> str:
     return f"# kata solution: {kata.slug} (your code goes in this cell; `kata check` grades it)"
 
 
-def _cell(kind: str, source: str, tags: tuple[str, ...] = ()) -> dict:
-    cell = {"cell_type": kind, "id": "", "metadata": {"tags": list(tags)} if tags else {}, "source": source}
+def cell(kind: str, cell_id: str, source: str, metadata: dict | None = None) -> dict:
+    """An nbformat 4 cell ("markdown" or "code")."""
+    made = {"cell_type": kind, "id": cell_id, "metadata": metadata or {}, "source": source}
     if kind == "code":
-        cell.update(execution_count=None, outputs=[])
-    return cell
+        made.update(execution_count=None, outputs=[])
+    return made
+
+
+def document(cells: list[dict]) -> dict:
+    """An nbformat 4.5 notebook of ``cells`` for a Python 3 kernel."""
+    return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                         "language_info": {"name": "python"}}}
 
 
 def notebook(kata: Kata) -> dict:
     """The self-study notebook of ``kata`` (nbformat 4)."""
     check = (f"Run the cell below to grade the solution cell as `kata check {kata.slug}` would, in the "
              "kit's sandbox. Run the solution cell first: the check grades what the kernel last ran there.")
-    cells = [_cell("markdown", kata.readme_path.read_text(encoding="utf-8")),
-             _cell("code", marker(kata) + "\n" + kata.stub_path.read_text(encoding="utf-8").rstrip("\n"),
-                   (SOLUTION_TAG,)),
-             _cell("markdown", check),
-             _cell("code", f"from graders.engine.notebook import check\ncheck({kata.slug!r})")]
-    for i, cell in enumerate(cells):
-        cell["id"] = f"{kata.slug}-{i}"
-    return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
-            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                         "language_info": {"name": "python"}}}
+    return document([
+        cell("markdown", f"{kata.slug}-0", kata.readme_path.read_text(encoding="utf-8")),
+        cell("code", f"{kata.slug}-1", marker(kata) + "\n" + kata.stub_path.read_text(encoding="utf-8").rstrip("\n"),
+             {"tags": [SOLUTION_TAG]}),
+        cell("markdown", f"{kata.slug}-2", check),
+        cell("code", f"{kata.slug}-3", f"from graders.engine.notebook import check\ncheck({kata.slug!r})")])
 
 
 def _text(source) -> str:

@@ -48,13 +48,25 @@ def check_names(path: Path) -> dict[str, str]:
     names = {}
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-            cid = node.name.removeprefix("test_").replace("_", "-")
+            cid = _id(node.name)
             names[cid] = (ast.get_docstring(node) or cid).strip().splitlines()[0]
     return names
 
 
 def check_id(item) -> str:
-    return item.originalname.removeprefix("test_").replace("_", "-")
+    return _id(item.originalname)
+
+
+def _id(function_name: str) -> str:
+    return function_name.removeprefix("test_").replace("_", "-")
+
+
+def check_entry(cid: str, name: str, *, status: str, points: float, message: str = "",
+                visibility: str = "visible", duration_s: float = 0.0) -> dict:
+    """One check of a result (see result.schema.json); a check that did not pass scores 0."""
+    return {"id": cid, "name": name, "status": status, "score": points if status == "passed" else 0.0,
+            "max_score": 0.0 if status == "skipped" else points, "message": message, "diagnosis": None,
+            "visibility": visibility, "duration_s": duration_s}
 
 
 def is_hidden(item) -> bool:
@@ -139,9 +151,8 @@ class GradingPlugin:
         cid = check_id(item)
         doc = (item.function.__doc__ or cid).strip().splitlines()[0]
         points = self.kata.checks.get(cid, 0.0)
-        entry = {"id": cid, "name": doc, "status": "passed", "score": points, "max_score": points,
-                 "message": "", "diagnosis": None, "visibility": "hidden" if is_hidden(item) else "visible",
-                 "duration_s": round(report.duration, 3)}
+        entry = check_entry(cid, doc, status="passed", points=points, duration_s=round(report.duration, 3),
+                            visibility="hidden" if is_hidden(item) else "visible")
         printed = self.adapter.take_output()
         if report.skipped:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)

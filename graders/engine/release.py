@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .manifest import ROOT, Kata
-from .plugin import check_names, hidden_grader
+from .plugin import check_entry, check_names, hidden_grader
 from .recording import Store
 
 RECORDED = ROOT / "graders" / "recorded"
@@ -47,8 +47,7 @@ def _recording(module: str) -> tuple[dict, Store]:
 
 
 def hidden_report(check_id: str, name: str) -> dict:
-    return {"id": check_id, "name": name, "status": "skipped", "score": 0.0, "max_score": 0.0,
-            "message": HIDDEN_MESSAGE, "diagnosis": None, "visibility": "hidden", "duration_s": 0.0}
+    return check_entry(check_id, name, status="skipped", points=0.0, message=HIDDEN_MESSAGE, visibility="hidden")
 
 
 def hidden_checks(kata: Kata) -> dict[str, str]:

@@ -1,8 +1,9 @@
 """The trusted runner: grade one learner file for one kata and return the result object.
 
 The sandbox is started first, so that its zygote's ``import torch`` overlaps the runner's own
-imports; a caller grading many files passes one warm ``Zygote`` for all of them. The kata's grader then runs under pytest in this process with the GradingPlugin; the
-result is built from the plugin's per-check reports, never from pytest's exit code.
+imports; a caller grading many files passes one warm ``Zygote`` for all of them. The kata's
+grader then runs under pytest in this process with the GradingPlugin; the result is built from
+the plugin's per-check reports, never from pytest's exit code.
 """
 from __future__ import annotations
 
