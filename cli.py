@@ -5,9 +5,11 @@ Thin on purpose: parse the command line, call the engine in graders/engine, rend
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -15,6 +17,9 @@ from pathlib import Path
 import click
 
 from graders.engine import manifest, release
+from graders.engine.history import progress, suggestions
+from graders.engine.interview import Interview, render_scorecard
+from graders.engine.interview import plan as interview_plan
 from graders.engine.manifest import Kata, ManifestError
 from graders.engine.report import bar, render
 from graders.engine.notebook import grade_notebook, notebook
@@ -126,6 +131,44 @@ def start(kata_name, workspace):
     click.secho(f"Next: edit {target.name}, then run `kata check {kata.slug}`.", bold=True)
 
 
+def _started(ws: Workspace, kata_name: str | None) -> list[tuple[Kata, Path]]:
+    """The (kata, file) pairs to check: KATA's file, which must exist, or every started kata's."""
+    if kata_name:
+        kata = _kata(kata_name)
+        path = ws.file_for(kata)
+        if not path.exists():
+            raise click.UsageError(f"{path} does not exist. Run `kata start {kata.slug}` first.")
+        return [(kata, path)]
+    jobs = [(k, ws.file_for(k)) for k in _all_katas() if ws.file_for(k).exists()]
+    if not jobs:
+        raise click.UsageError(f"No kata started in {ws.root}. `kata list` shows them; "
+                               "`kata start softmax` begins the first.")
+    return jobs
+
+
+def _session_seed(seed: int | None) -> int:
+    """The seed of a run: --seed, or a fresh one (a student bundle has only the one it recorded)."""
+    bundle = release.bundle_info()
+    if bundle is not None and seed not in (None, bundle["seed"]):
+        raise click.UsageError(f"This student bundle recorded its expected values at seed {bundle['seed']} only: "
+                               "leave out --seed (or give that one). Other seeds run when your instructor grades.")
+    return (bundle["seed"] if bundle else new_seed()) if seed is None else seed
+
+
+def _grade_and_record(ws: Workspace, kata: Kata, path: Path, *, seed: int, device: str) -> dict:
+    """Grade one file the way `kata check` does, and record the result in the workspace."""
+    try:
+        # Self-study replays hidden checks too: --seed draws their inputs as well.
+        grade_file = grade_notebook if path.suffix == ".ipynb" else grade
+        result = grade_file(kata, path, seed=seed, device=device, hidden_seed=seed)
+    except RunnerError as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    except ValueError as exc:   # a notebook without a solution cell
+        raise click.BadParameter(str(exc), param_hint="--file") from None
+    ws.record_result(kata, result)
+    return result
+
+
 @main.command()
 @click.argument("kata_name", metavar="[KATA]", required=False)
 @click.option("--file", "file", type=click.Path(dir_okay=False, path_type=Path),
@@ -146,34 +189,13 @@ def check(kata_name, file, as_json, device, seed, workspace):
         if not file.is_file():
             raise click.BadParameter(f"{file} does not exist.", param_hint="--file")
         jobs = [(_kata(kata_name or file.with_suffix(".py").name), file)]
-    elif kata_name:
-        kata = _kata(kata_name)
-        path = ws.file_for(kata)
-        if not path.exists():
-            raise click.UsageError(f"{path} does not exist. Run `kata start {kata.slug}` first.")
-        jobs = [(kata, path)]
     else:
-        jobs = [(k, ws.file_for(k)) for k in _all_katas() if ws.file_for(k).exists()]
-        if not jobs:
-            raise click.UsageError(f"No kata started in {ws.root}. `kata list` shows them; "
-                                   "`kata start softmax` begins the first.")
-    bundle = release.bundle_info()
-    if bundle is not None and seed not in (None, bundle["seed"]):
-        raise click.UsageError(f"This student bundle recorded its expected values at seed {bundle['seed']} only: "
-                               "leave out --seed (or give that one). Other seeds run when your instructor grades.")
-    seed = (bundle["seed"] if bundle else new_seed()) if seed is None else seed
+        jobs = _started(ws, kata_name)
+    seed = _session_seed(seed)
     results = []
     for kata, path in jobs:
-        try:
-            # Self-study replays hidden checks too: --seed draws their inputs as well.
-            grade_file = grade_notebook if path.suffix == ".ipynb" else grade
-            result = grade_file(kata, path, seed=seed, device=device, hidden_seed=seed)
-        except RunnerError as exc:
-            raise EnvironmentProblem(str(exc)) from None
-        except ValueError as exc:   # a notebook without a solution cell
-            raise click.BadParameter(str(exc), param_hint="--file") from None
+        result = _grade_and_record(ws, kata, path, seed=seed, device=device)
         results.append(result)
-        ws.record_result(kata, result)
         if as_json:
             click.echo(json.dumps(result))
         else:
@@ -183,6 +205,55 @@ def check(kata_name, file, as_json, device, seed, workspace):
         passed = sum(r["status"] == "passed" for r in results)
         click.echo(f"{passed} of {len(results)} katas passed  {bar(passed, len(results))}")
     sys.exit(0 if all(r["status"] == "passed" for r in results) else 1)
+
+
+@main.command()
+@click.argument("kata_name", metavar="[KATA]", required=False)
+@click.option("--poll", is_flag=True, help="Look at the files every --interval seconds instead of waiting for "
+              "change events.")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True, metavar="SECONDS",
+              help="How often polling looks at the files.")
+@click.option("--seed", type=int, help="The seed of every check in this session (random if not given).")
+@workspace_option
+def watch(kata_name, poll, interval, seed, workspace):
+    """Check KATA again each time you save it (every started kata if none is given).
+
+    It checks once, then again whenever a file's content changes, with one seed for the whole
+    session so that results compare across saves. Change events come from the file system; --poll
+    looks at the files every --interval seconds instead, and watch switches to polling by itself
+    where events do not arrive (some network and container file systems). Ctrl-C stops.
+    """
+    from graders.engine.watch import Watcher
+
+    ws = _workspace(workspace)
+    katas = {path: kata for kata, path in _started(ws, kata_name)}
+    seed = _session_seed(seed)
+    names = ", ".join(path.name for path in katas)
+    click.echo(f"Watching {names}; every check uses seed {seed} (`--seed {seed}` draws the same inputs again).")
+    interrupted = False
+
+    def interrupt(signum, frame):
+        nonlocal interrupted
+        interrupted = True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        with Watcher(katas, poll=poll, interval=interval, say=click.echo) as watcher:
+            for path in itertools.chain(katas, watcher.changes()):   # every file once, then each change
+                click.secho(f"── {time.strftime('%H:%M:%S')} · {path.name} ".ljust(72, "─"), dim=True)
+                try:
+                    result = _grade_and_record(ws, katas[path], path, seed=seed, device="auto")
+                except EnvironmentProblem:
+                    if interrupted:   # pytest turns a Ctrl-C mid-check into a failed run
+                        raise KeyboardInterrupt from None
+                    raise
+                click.echo(render(result, katas[path]))
+                click.echo(f"\nWatching {names} (Ctrl-C to stop)")
+    except KeyboardInterrupt:
+        click.echo("\nStopped watching.")
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @main.command()
@@ -240,6 +311,92 @@ def reset(kata_name, workspace):
     click.echo(f"Restored the stub in {target}")
 
 
+@main.command()
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True),
+              help="Time for the coding part [default: the katas' estimates, or 30 to draw katas for].")
+@click.option("--katas", "kata_names", multiple=True, metavar="KATA[,KATA...]",
+              help="The katas to code (drawn at random to fill the time if not given).")
+@click.option("--seed", type=int, help="Replay an interview: the same seed draws the same katas and questions.")
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
+              help="Where your tensors live when your code is checked.")
+@workspace_option
+def interview(minutes, kata_names, seed, device, workspace):
+    """A mock interview: code katas against the clock, then answer follow-up questions.
+
+    You code in fresh copies of the stubs under interviews/ in your workspace (your practice
+    files are left alone), check as often as you like, and may ask for hints (each costs points).
+    Then come 3 to 5 follow-up questions on the katas. The scorecard goes to your history
+    (`kata history`). Exit code 0 when the interview was completed, 1 when it was abandoned.
+    """
+    ws = _workspace(workspace)
+    chosen = _kata_list(kata_names) if kata_names else None
+    seed = new_seed() if seed is None else seed
+    card = Interview(ws, interview_plan(_all_katas(), seed=seed, minutes=minutes, chosen=chosen),
+                     device=device).run()
+    click.echo(render_scorecard(card))
+    click.echo("Saved to your history: `kata history` shows your progress, `kata next` what to practise.")
+    sys.exit(0 if card["status"] == "completed" else 1)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print every history entry as JSON, one per line.")
+@workspace_option
+def history(as_json, workspace):
+    """Your mock interviews and each kata's progress over time."""
+    ws = _workspace(workspace)
+    entries = ws.history.entries()
+    if ws.history.skipped:
+        click.secho(f"warning: {ws.history.skipped} unreadable line(s) in {ws.history.path} were skipped.",
+                    fg="yellow", err=True)
+    if as_json:
+        for entry in entries:
+            click.echo(json.dumps(entry))
+        return
+    if not entries:
+        click.echo("No history yet: `kata check KATA` and `kata interview` add to it.")
+        return
+    interviews = [e for e in entries if e.get("type") == "interview"]
+    if interviews:
+        click.secho("Mock interviews", bold=True)
+        for card in interviews:
+            katas = ", ".join(c["kata"] for c in card["coding"])
+            click.echo(f"  {card['time'][:16].replace('T', ' ')}  {card['score']:>5g}/{card['max_score']}  "
+                       f"coding {card['coding_points']:g}, follow-ups {card['followups_right']}/"
+                       f"{card['followups_asked']}, {card['hints']} hint(s)  {katas}"
+                       + ("  (abandoned)" if card["status"] != "completed" else ""))
+        scores = [c["score"] for c in interviews if c["status"] == "completed"]
+        if len(scores) > 1:
+            click.echo(f"  Trend over the last {min(len(scores), 10)}: "
+                       + " -> ".join(f"{s:g}" for s in scores[-10:]))
+    practised = [p for p in progress(_all_katas(), [e for e in entries if e.get("type") == "check"]).values()
+                 if p.checks]
+    if practised:
+        click.secho("Katas", bold=True)
+    for p in practised:
+        due = f"review due {p.due.isoformat()}" if p.due else "not passed yet"
+        click.echo(f"  {p.kata.slug:<16} {p.checks:>3} check(s)  best {p.best:g}/{p.kata.max_score:g}  "
+                   f"last {p.last_time.strftime('%Y-%m-%d')} ({p.last_status})  {due}")
+
+
+@main.command("next")
+@click.option("-n", "count", type=click.IntRange(min=1), default=3, show_default=True,
+              help="How many suggestions.")
+@workspace_option
+def next_(count, workspace):
+    """What to practise next: katas recently failed, never passed, or due for review.
+
+    Passed katas come back for review after 1, 2, 4, 8 ... days (spaced repetition): each day
+    you pass one with freshly written code doubles the wait, a failed check resets it.
+    """
+    ws = _workspace(workspace)
+    katas = _all_katas()
+    started = {k.slug for k in katas if ws.file_for(k).exists()}
+    checks = ws.history.entries("check")
+    for number, s in enumerate(suggestions(katas, checks, started)[:count], 1):
+        click.echo(f"{number}. {click.style(s.kata.slug, bold=True)}: {s.reason}")
+        click.echo(f"   {s.command}")
+
+
 @main.command("notebook")
 @click.argument("kata_name", metavar="KATA")
 @workspace_option
@@ -258,6 +415,58 @@ def notebook_(kata_name, workspace):
     ws.root.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(notebook(kata), indent=1) + "\n", encoding="utf-8")
     click.echo(f"Wrote {target}: open it in Jupyter, write your code in the solution cell, run the check cell.")
+
+
+@main.command()
+@click.argument("kata_name", metavar="KATA")
+@click.option("--kind", help="Which of KATA's plots to draw; its first by default.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the PNG.  [default: <workspace>/<kata>-<kind>.png]")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the inputs the plot draws.")
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
+              help="Where your tensors live; auto uses CUDA when present.")
+@click.option("--max-t", type=click.IntRange(min=128), default=2048, show_default=True,
+              help="complexity: the longest sequence measured (T doubles from 64 up to it).")
+@workspace_option
+def plot(kata_name, kind, out, seed, device, max_t, workspace):
+    """Draw, from your code, the picture that teaches KATA, as a PNG.
+
+    scaling-variance (curves): score spread and softmax saturation against d_k, per scale.
+    causal-mask and mha (heatmaps): each head's attention weights over a short sentence.
+    mha (complexity): time and peak memory of your forward as T doubles, against
+    F.scaled_dot_product_attention on the same weights. Your code runs in the kit's sandbox, as
+    for `kata check`; an existing file at --out is replaced only if it is a PNG.
+    """
+    from graders.engine import plots
+
+    kata = _kata(kata_name)
+    if not kata.plots:
+        having = ", ".join(k.slug for k in _all_katas() if k.plots)
+        raise click.UsageError(f"{kata.slug} has no plots; these katas have: {having}.")
+    kind = kind or kata.plots[0]
+    if kind not in kata.plots:
+        raise click.BadParameter(f"{kata.slug} has no plot {kind!r}; it has {', '.join(kata.plots)}.",
+                                 param_hint="--kind")
+    if (kata.slug, kind) not in plots.PLOTS:
+        raise EnvironmentProblem(f"{kata.dir / 'kata.toml'} lists the plot {kind!r}, which this kit cannot draw.")
+    ws = _workspace(workspace)
+    file = ws.file_for(kata)
+    if not file.exists():
+        raise click.UsageError(f"{file} does not exist. Run `kata start {kata.slug}` first.")
+    out = out or ws.root / f"{kata.slug}-{kind}.png"
+    if not out.parent.is_dir():
+        raise click.BadParameter(f"the folder {out.parent} does not exist.", param_hint="--out")
+    if plots.not_png(out):
+        raise click.BadParameter(f"{out} exists and is not a PNG image: it is left alone.", param_hint="--out")
+    try:
+        plots.save(plots.draw(plots.compute(kata, kind, file, seed=seed, device=device, max_t=max_t)), out)
+    except plots.PlotFailed as exc:
+        raise click.ClickException(str(exc)) from None
+    except RunnerError as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    except FileExistsError as exc:   # a file that appeared at --out while the plot was computed
+        raise click.BadParameter(str(exc), param_hint="--out") from None
+    click.echo(f"Wrote {out}")
 
 
 @main.group("nbgrader")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from graders.engine.interview import plan
 from graders.engine.manifest import ROOT, find, katas
 from graders.engine.oracles import Bugs
 from graders.engine.release import HIDDEN_MESSAGE, hidden_checks
@@ -33,15 +34,16 @@ def bundle(tmp_path_factory):
     return out
 
 
-def isolated(bundle: Path, code: str, *args, cwd=None, env=None):
+def isolated(bundle: Path, code: str, *args, cwd=None, env=None, input=None):
     """Run ``code`` in a Python that sees the bundle and site-packages, but not the full kit."""
     boot = f"import sys; sys.path[:0] = [{str(bundle)!r}]; sys.path += {site.getsitepackages()!r}; sys.argv[0] = 'kata'\n"
     return subprocess.run([sys.executable, "-I", "-S", "-c", boot + code, *args], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, "NO_COLOR": "1", **(env or {})}, timeout=300)
+                          cwd=cwd, env={**os.environ, "NO_COLOR": "1", **(env or {})}, timeout=300, input=input)
 
 
-def bundle_kata(bundle, workspace, *args):
-    return isolated(bundle, "import cli; cli.main()", *args, cwd=workspace, env={"KATA_WORKSPACE": str(workspace)})
+def bundle_kata(bundle, workspace, *args, input=None):
+    return isolated(bundle, "import cli; cli.main()", *args, cwd=workspace, env={"KATA_WORKSPACE": str(workspace)},
+                    input=input)
 
 
 def test_bundle_holds_no_answer_code(bundle):
@@ -115,3 +117,19 @@ def test_bundle_diagnoses_every_bug_as_the_full_kit_does(bundle, tmp_path, slug)
             got = {c["id"]: (c["status"], c["diagnosis"]) for c in replayed[code]["checks"] if c["id"] in public}
             assert got == expected, code
             assert replayed[code]["status"] == "failed"
+
+
+def test_bundle_interviews_check_at_its_seed_and_plots(bundle, tmp_path):
+    questions = plan(katas(), seed=SEED + 5, chosen=[find("softmax")]).questions
+    answers = "".join(f"{a.expected!r}\n" if a.question.kind == "numeric" else f"{a.expected}\n" for a in questions)
+    run = bundle_kata(bundle, tmp_path, "interview", "--katas", "softmax", "--seed", str(SEED + 5),
+                      input="done\n" + answers)
+    assert run.returncode == 0, run.stdout + run.stderr
+    entries = [json.loads(line) for line in (tmp_path / ".kata" / "history.jsonl").read_text().splitlines()]
+    assert entries[0]["status"] == "not-started" and entries[0]["seed"] == SEED   # the check, at the bundle's seed
+    assert entries[-1]["followups_right"] == len(questions)
+
+    (tmp_path / "mha.py").write_text(find("mha").reference_path.read_text())
+    drawn = bundle_kata(bundle, tmp_path, "plot", "mha")
+    assert drawn.returncode == 0, drawn.stderr
+    assert (tmp_path / "mha-heatmaps.png").read_bytes().startswith(b"\x89PNG")

@@ -135,6 +135,26 @@ class Learner:
         return {"seconds": max(elapsed[1] - elapsed[0], 0.0) / repeats,
                 "peak_bytes": peak if type(peak) is int else None}
 
+    def peak_bytes(self, member, *args, **kwargs) -> int | None:
+        """Peak memory of one call ``member(*args, **kwargs)`` (no grad) in the sandbox, in bytes
+        above what was allocated before it: CUDA's peak on CUDA, on the CPU the largest total of
+        live tensors the call created. None if the sandbox sent no integer."""
+        target = (member._handle, ["__call__"]) if isinstance(member, Remote) else (member._handle, member._path)
+        blobs = []
+        header = {"op": "peak", "target": list(target), "seed": self.seed, "device": self.device,
+                  "args": [self._encode(a, blobs) for a in args],
+                  "kwargs": {k: self._encode(v, blobs) for k, v in kwargs.items()}}
+        peak = self._request(header, blobs, call_text(member._label, args, kwargs), member._label)
+        return peak if type(peak) is int else None
+
+    def kit_function(self, name: str) -> Remote:
+        """A handle to one of the worker's KIT_FUNCTIONS (kit code, e.g. an SDPA baseline), to be
+        called or measured in the sandbox like the learner's code, never in this process."""
+        remote = self._request({"op": "kit", "name": name}, [], f"the kit's {name}")
+        if not isinstance(remote, Remote):
+            raise SandboxFailed(f"The sandbox sent no handle for the kit's {name}.")
+        return Remote(self, remote._handle, remote.type_name, name)
+
     def get(self, remote: Remote, attribute: str):
         """The value of an attribute of a sandbox object, e.g. ``learner.get(model, "training")``."""
         return self._request({"op": "getattr", "target": [remote._handle, [attribute]]}, [],

@@ -1,8 +1,10 @@
 """Author checks (`kata lint`): content is checked like code.
 
 For each kata: its files exist; stub and reference define the same names with the same
-signatures and docstrings; every task has a hint; the manifest's diagnoses are exactly the bug
-oracles' codes; the reference passes with full score; the stub comes out not-started; and every
+signatures and docstrings; every task has a hint; the interview follow-ups hold enough questions
+of both kinds (their manifest parse has computed every numeric answer already); every plot the
+manifest lists can be drawn; the manifest's
+diagnoses are exactly the bug oracles' codes; the reference passes with full score; the stub comes out not-started; and every
 bug oracle fails with its own diagnosis code.
 """
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from .manifest import Kata
 from .oracles import Bugs
+from .plots import PLOTS
 from .runner import grade
 
 
@@ -65,6 +68,19 @@ def check_api(kata: Kata) -> list[Finding]:
     return findings
 
 
+MIN_CHOICE, MIN_NUMERIC = 3, 2
+
+
+def check_followups(kata: Kata) -> tuple[bool, str]:
+    """An interview asks up to five questions of one kata, with both kinds: the bank must hold them."""
+    kinds = [q.kind for q in kata.followups]
+    choice, numeric = kinds.count("choice"), kinds.count("numeric")
+    ok = choice >= MIN_CHOICE and numeric >= MIN_NUMERIC
+    return ok, (f"{len(kinds)} follow-up questions ({choice} choice, {numeric} numeric)" if ok else
+                f"follow-ups: {choice} choice and {numeric} numeric questions; an interview needs at least "
+                f"{MIN_CHOICE} and {MIN_NUMERIC}")
+
+
 def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Finding]:
     findings: list[Finding] = []
 
@@ -83,6 +99,12 @@ def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Findin
         progress(finding)
     bare = [t.title for t in kata.tasks if not t.hints]
     add(not bare, "every task has a hint" if not bare else f"tasks without a hint: {', '.join(bare)}")
+    ok, what = check_followups(kata)
+    add(ok, what)
+    if kata.plots:
+        missing = [kind for kind in kata.plots if (kata.slug, kind) not in PLOTS]
+        add(not missing, f"plots {', '.join(kata.plots)} can be drawn" if not missing else
+            f"plots without a drawing in graders/engine/plots.py: {', '.join(missing)}")
 
     bugs = Bugs(kata)
     documented, oracles = set(kata.diagnoses), set(bugs.codes)

@@ -12,12 +12,14 @@ Format 1, every key::
     timeout_s = 10                  # optional: per check
     import_timeout_s = 10           # optional: running the learner's file at import
     memory_mb = 2048                # optional: the sandbox's memory cap
+    minutes = 15                    # optional: time to solve it in a mock interview
+    plots = ["heatmaps"]            # optional: what `kata plot` draws from the learner's code
     [files]                         # optional: learner / stub / readme file names
     [tolerances.float32]            # optional: rtol and atol per dtype
     [[tasks]]                       # title and hints (progressive, at least one each)
     [checks]                        # check id = points; ids are the grader's test names
     [diagnoses.<code>]              # explain and fix: what the learner reads
-    [[followups]]                   # question and answer: interview follow-ups
+    [[followups]]                   # interview follow-ups (questions.py has the format)
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ import tomllib
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+
+from . import questions
 
 FORMAT = 1
 ROOT = Path(__file__).resolve().parents[2]   # the folder that holds katas/, graders/, reference/
@@ -62,6 +66,8 @@ class Kata:
     timeout_s: float = 10.0
     import_timeout_s: float = 10.0
     memory_mb: int = 2048
+    minutes: int = 15
+    plots: tuple[str, ...] = ()
     learner_file: str = ""
     stub_file: str = "stub.py"
     readme_file: str = "README.md"
@@ -69,7 +75,7 @@ class Kata:
     tasks: tuple[Task, ...] = ()
     checks: dict = field(default_factory=dict)
     diagnoses: dict = field(default_factory=dict)
-    followups: tuple[dict, ...] = ()
+    followups: tuple[questions.Question, ...] = ()
 
     @property
     def module(self) -> str:
@@ -108,7 +114,7 @@ class Kata:
 
 
 _TOP = {"format", "slug", "title", "order", "framework", "summary", "banned", "timeout_s",
-        "import_timeout_s", "memory_mb", "files", "tolerances", "tasks", "checks", "diagnoses",
+        "import_timeout_s", "memory_mb", "minutes", "plots", "files", "tolerances", "tasks", "checks", "diagnoses",
         "followups"}
 _REQUIRED = ("format", "slug", "title", "order", "framework", "tasks", "checks")
 
@@ -189,8 +195,12 @@ def parse(path: Path) -> Kata:
 
     followups = []
     for i, item in enumerate(data.get("followups", []), 1):
-        _keys(path, f"[[followups]] #{i}", item, {"question", "answer"}, ("question", "answer"))
-        followups.append(dict(item))
+        try:
+            followups.append(questions.parse(item, f"[[followups]] #{i}"))
+        except questions.QuestionError as exc:
+            _fail(path, str(exc))
+        if [q.id for q in followups].count(followups[-1].id) > 1:
+            _fail(path, f"[[followups]] #{i}: id {followups[-1].id!r} is used twice.")
 
     return Kata(
         slug=slug,
@@ -203,6 +213,8 @@ def parse(path: Path) -> Kata:
         timeout_s=_typed(path, "timeout_s", data.get("timeout_s", 10.0), float, "a number"),
         import_timeout_s=_typed(path, "import_timeout_s", data.get("import_timeout_s", 10.0), float, "a number"),
         memory_mb=_typed(path, "memory_mb", data.get("memory_mb", 2048), int, "an integer"),
+        minutes=_typed(path, "minutes", data.get("minutes", 15), int, "an integer"),
+        plots=_strings(path, "plots", data["plots"]) if data.get("plots") else (),
         learner_file=files.get("learner", slug.replace("-", "_") + ".py"),
         stub_file=files.get("stub", "stub.py"),
         readme_file=files.get("readme", "README.md"),

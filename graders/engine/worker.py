@@ -312,6 +312,14 @@ class Worker:
                 args = [self.codec.decode(a, blobs) for a in request.get("args", [])]
                 kwargs = {k: self.codec.decode(v, blobs) for k, v in request.get("kwargs", {}).items()}
                 reply["value"] = self.codec.encode(_measure(target, args, kwargs, request["repeats"]), out_blobs)
+            elif op == "peak":
+                target = self.resolve(request["target"])
+                args = [self.codec.decode(a, blobs) for a in request.get("args", [])]
+                kwargs = {k: self.codec.decode(v, blobs) for k, v in request.get("kwargs", {}).items()}
+                peak = _peak_bytes(target, args, kwargs, cuda=request.get("device") == "cuda")
+                reply["value"] = self.codec.encode(peak, out_blobs)
+            elif op == "kit":
+                reply["value"] = self.codec.encode(KIT_FUNCTIONS[request["name"]], out_blobs)
             elif op in ("call", "getattr", "module_info"):
                 args, kwargs = [], {}
                 try:
@@ -411,6 +419,79 @@ def _measure(target, args, kwargs, repeats):
         if cuda:
             torch.cuda.synchronize()
     return {"peak_bytes": torch.cuda.max_memory_allocated() - base if cuda and repeats else None}
+
+
+def _peak_bytes(target, args, kwargs, cuda):
+    """The peak memory one call of ``target`` (no grad) takes above what was allocated before it:
+    the CUDA allocator's peak on CUDA; on the CPU, which keeps no such statistic, the largest total
+    of the tensors the call created that were alive at the same time."""
+    import torch
+
+    with torch.no_grad():
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            target(*args, **kwargs)
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() - base
+        with _live_bytes() as live:
+            target(*args, **kwargs)
+        return live.peak
+
+
+def _live_bytes():
+    """A dispatch mode that adds the bytes of each new storage an operator returns and subtracts
+    them when the storage is freed; ``peak`` is the highest total. Views and in-place results
+    share a storage already counted, so they add nothing."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class LiveBytes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.live = self.peak = 0
+            self.counted = set()   # data pointers of live storages already added
+
+        def _freed(self, key, size):
+            self.live -= size
+            self.counted.discard(key)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    storage = t.untyped_storage()
+                    key, size = storage.data_ptr(), storage.nbytes()
+                    if size and key not in self.counted:
+                        self.counted.add(key)
+                        self.live += size
+                        self.peak = max(self.peak, self.live)
+                        weakref.finalize(storage, self._freed, key, size)
+            return out
+
+    return LiveBytes()
+
+
+def sdpa_self_attention(x, qkv_weight, qkv_bias, out_weight, out_bias, n_heads, causal=True):
+    """Multi-head self-attention through F.scaled_dot_product_attention, with a fused
+    [W_q; W_k; W_v] projection: kit code that `kata plot mha --kind complexity` measures in the
+    sandbox beside the learner's module, on the same weights and input."""
+    import torch.nn.functional as F
+
+    B, T, C = x.shape
+    q, k, v = F.linear(x, qkv_weight, qkv_bias).split(C, dim=-1)   # (B, T, C) each
+    q, k, v = (t.view(B, T, n_heads, C // n_heads).transpose(1, 2) for t in (q, k, v))   # (B, H, T, hd)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)   # (B, H, T, hd)
+    return F.linear(y.transpose(1, 2).reshape(B, T, C), out_weight, out_bias)   # (B, T, C)
+
+
+# Kit functions a request may ask a handle to (the "kit" op), to be called and measured like the
+# learner's own code.
+KIT_FUNCTIONS = {"sdpa_self_attention": sdpa_self_attention}
 
 
 def _module_info(module):

@@ -1,12 +1,14 @@
 """The learner's workspace: their kata files, and the kit's state under ``.kata/``.
 
 The state (``.kata/state.json``) records, per kata, the last status, best score, hints seen and
-whether it was ever passed. It is written atomically (a temporary file, then ``os.replace``). A
+whether it was ever passed. The history (``.kata/history.jsonl``, see history.py) keeps every
+graded run and mock interview. It is written atomically (a temporary file, then ``os.replace``). A
 corrupt state file is reported, kept aside as ``state.corrupt-<time>.json``, and replaced.
 Nothing in the workspace is overwritten without a backup under ``.kata/backups/``.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -14,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .history import History
 from .manifest import Kata
 
 STATE_FORMAT = 1
@@ -28,6 +31,7 @@ class Workspace:
         self.root = Path(root).expanduser().resolve()
         self.meta = self.root / ".kata"
         self.state_path = self.meta / "state.json"
+        self.history = History(self.meta / "history.jsonl")
         self.warning: str | None = None
         self._corrupt = False
         self.state = self._load()
@@ -80,6 +84,13 @@ class Workspace:
             entry["passed"] = True
             entry.setdefault("first_passed", _now())
         self.save()
+        try:
+            digest = hashlib.sha256(Path(result["file"]).read_bytes()).hexdigest()
+        except OSError:
+            digest = None
+        self.history.append({"type": "check", "kata": kata.slug, "status": result["status"],
+                             "score": result["score"], "max_score": result["max_score"],
+                             "seed": result.get("seed"), "sha256": digest})
 
     def take_hint(self, kata: Kata) -> tuple[int, str] | None:
         """The next hint (1-based number, text), recorded as seen; None once all are seen."""

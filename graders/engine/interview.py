@@ -1,0 +1,278 @@
+"""Mock interviews (`kata interview`): katas against the clock, then the interviewer's follow-ups.
+
+The seed decides everything that is drawn: the katas (unless given), the follow-up questions,
+their parameters, the order of their options and the checks' inputs. The same seed replays the
+same interview.
+
+The learner codes in fresh copies of the stubs under ``<workspace>/interviews/<time>/``, never in
+their practice files, and may check and ask for hints as often as they like. When the clock runs
+out the files are copied aside (``at-time-up/``) and those copies are graded: code saved later
+does not count. The score, out of 100: the coding part is worth CODING_POINTS times the mean
+fraction of check points at the end, less HINT_COST per hint (never below 0), and the follow-ups
+FOLLOWUP_POINTS times the fraction answered right. The scorecard goes to the history.
+"""
+from __future__ import annotations
+
+import random
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from . import release
+from .manifest import Kata
+from .questions import Asked, pick
+from .report import render
+from .runner import grade
+from .workspace import Workspace
+
+CODING_POINTS, FOLLOWUP_POINTS, HINT_COST = 60, 40, 5
+DEFAULT_MINUTES = 30
+COMMANDS = "check, hint, task, done, quit"
+
+
+@dataclass(frozen=True)
+class Plan:
+    seed: int
+    minutes: float
+    katas: tuple[Kata, ...]
+    questions: tuple[Asked, ...]
+    replay: str     # the command that draws this plan again
+
+
+def plan(all_katas: tuple[Kata, ...], *, seed: int, minutes: float | None = None,
+         chosen: list[Kata] | None = None) -> Plan:
+    """What an interview asks. Unless given, katas are drawn at random to fill the time with
+    their manifests' estimates (at least one); 2 + one follow-up per kata, 3 to 5 in all."""
+    rng = random.Random(seed)
+    if chosen:
+        katas = list(chosen)
+        minutes = minutes or sum(k.minutes for k in katas)
+    else:
+        minutes = minutes or DEFAULT_MINUTES
+        katas, left = [], minutes
+        for kata in rng.sample(list(all_katas), len(all_katas)):
+            if kata.minutes <= left:
+                katas.append(kata)
+                left -= kata.minutes
+        katas = sorted(katas, key=lambda k: k.order) or [min(all_katas, key=lambda k: k.minutes)]
+    count = min(5, max(3, 2 + len(katas)))
+    questions = pick({k.slug: k.followups for k in katas}, count, rng)
+    replay = f"kata interview --seed {seed} --minutes {minutes:g}"
+    if chosen:
+        replay += f" --katas {','.join(k.slug for k in katas)}"
+    return Plan(seed, float(minutes), tuple(katas), tuple(questions), replay)
+
+
+class Abandoned(Exception):
+    """The learner quit, or their input ended, before the scorecard."""
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class Interview:
+    def __init__(self, ws: Workspace, plan: Plan, *, device: str = "auto"):
+        self.ws, self.plan, self.device = ws, plan, device
+        bundle = release.bundle_info()
+        # A student bundle recorded its expected values at one seed: its checks run at that one.
+        self.check_seed = bundle["seed"] if bundle else plan.seed
+        self.folder = self._new_folder()
+        self.limit_s = plan.minutes * 60
+        self.hints = {k.slug: 0 for k in plan.katas}
+        self.coding: dict[str, dict] = {}
+        self.answers: list[dict] = []
+        self.time_up = threading.Event()
+        self.started = self.coding_ended = None
+
+    def _new_folder(self) -> Path:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        folder, n = self.ws.root / "interviews" / stamp, 1
+        while folder.exists():
+            folder, n = self.ws.root / "interviews" / f"{stamp}-{n}", n + 1
+        return folder
+
+    def file(self, kata: Kata) -> Path:
+        return self.folder / kata.learner_file
+
+    def left_s(self) -> float:
+        return self.limit_s - (time.monotonic() - self.started)
+
+    # --- the interview -------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        """Run it to the end and return the scorecard (saved to the history, abandoned or not)."""
+        plan = self.plan
+        self.folder.mkdir(parents=True)
+        click.secho(f"Mock interview: {', '.join(k.slug for k in plan.katas)} in {_clock(self.limit_s)}, "
+                    f"then {len(plan.questions)} follow-up questions.", bold=True)
+        click.echo(f"Seed {plan.seed}: `{plan.replay}` replays the same interview. "
+                   f"Each hint costs {HINT_COST} of the {CODING_POINTS} coding points.")
+        self.started = time.monotonic()
+        timer = threading.Timer(self.limit_s, self._ring)
+        timer.daemon = True
+        timer.start()
+        status = "completed"
+        try:
+            try:
+                for kata in plan.katas:
+                    if self.time_up.is_set():
+                        break
+                    self._code(kata)
+            finally:
+                timer.cancel()
+                self.coding_ended = time.monotonic()
+            for kata in plan.katas:
+                if kata.slug not in self.coding:
+                    self._final(kata)
+            click.echo()
+            for number, asked in enumerate(plan.questions, 1):
+                self._ask(number, asked)
+        except Abandoned:
+            status = "abandoned"
+            click.secho("\nInterview abandoned: what you did so far is saved to the history.", fg="yellow")
+        card = self.scorecard(status)
+        self.ws.history.append(card)
+        return card
+
+    def _ring(self):
+        """At the deadline: copy the files aside, as they are now, for grading."""
+        aside = self.folder / "at-time-up"
+        aside.mkdir(exist_ok=True)
+        for kata in self.plan.katas:
+            if self.file(kata).exists():
+                shutil.copy2(self.file(kata), aside / kata.learner_file)
+        self.time_up.set()
+        click.secho("\nTime is up. Your files as they are now will be graded; press Enter.", fg="yellow", bold=True)
+
+    def _prompt(self, text: str) -> str:
+        try:
+            return click.prompt(text, default="", show_default=False)
+        except click.Abort:
+            raise Abandoned() from None
+
+    def _code(self, kata: Kata):
+        target = self.file(kata)
+        shutil.copyfile(kata.stub_path, target)
+        click.echo()
+        click.echo(kata.readme_path.read_text(encoding="utf-8"))
+        click.secho(f"Your file: {target}", bold=True)
+        click.echo(f"Edit it in your editor. Type {COMMANDS} (first letters work).")
+        while not self.time_up.is_set():
+            command = self._prompt(f"[{_clock(self.left_s())} left, {kata.slug}]").strip().lower()
+            if self.time_up.is_set():
+                return
+            if not command:
+                continue
+            if "check".startswith(command):
+                result = self._grade(kata, target)
+                click.echo(render(result, kata))
+            elif "hint".startswith(command):
+                self._hint(kata)
+            elif "task".startswith(command):
+                click.echo(kata.readme_path.read_text(encoding="utf-8"))
+            elif "done".startswith(command):
+                self.coding[kata.slug] = self._grade(kata, target, final=True)
+                click.echo(render(self.coding[kata.slug], kata))
+                return
+            elif "quit".startswith(command):
+                raise Abandoned()
+            else:
+                click.echo(f"Type {COMMANDS}.")
+
+    def _hint(self, kata: Kata):
+        used = self.hints[kata.slug]
+        if used >= len(kata.hints):
+            click.echo(f"No more hints: you have seen all {len(kata.hints)}.")
+            return
+        self.hints[kata.slug] = used + 1
+        click.secho(f"Hint {used + 1}/{len(kata.hints)} (-{HINT_COST} points)", bold=True)
+        click.echo(kata.hints[used])
+
+    def _grade(self, kata: Kata, path: Path, final: bool = False) -> dict:
+        if final:
+            click.echo(f"Grading your final {path.name} ...")
+        result = grade(kata, path, seed=self.check_seed, device=self.device, hidden_seed=self.check_seed)
+        self.ws.record_result(kata, result)
+        return result
+
+    def _final(self, kata: Kata):
+        """A kata the clock stopped: grade the copy taken at the deadline (the file if the coding
+        part ended otherwise); a kata never reached scores 0."""
+        aside = self.folder / "at-time-up" / kata.learner_file
+        path = aside if self.time_up.is_set() else self.file(kata)
+        if not path.exists():
+            self.coding[kata.slug] = {"status": "not-reached", "score": 0.0, "max_score": kata.max_score}
+            return
+        result = self._grade(kata, path, final=True)
+        click.echo(render(result, kata))
+        self.coding[kata.slug] = result
+
+    def _ask(self, number: int, asked: Asked):
+        q = asked.question
+        click.secho(f"Follow-up {number}/{len(self.plan.questions)} ({asked.kata})", bold=True)
+        click.echo(asked.text)
+        if q.kind == "choice":
+            letters = list("abcdef"[:len(q.options)])
+            for letter, option in zip(letters, asked.choices):
+                click.echo(f"  {letter}) {option}")
+            given = self._prompt(f"Your answer ({', '.join(letters)})").strip().lower().rstrip(")")
+            while given not in letters:
+                given = self._prompt(f"Type one letter: {', '.join(letters)}").strip().lower().rstrip(")")
+        else:
+            given = self._prompt(f"Your answer{f' ({q.unit})' if q.unit else ''}").strip()
+        right, verdict = asked.grade(given)
+        click.secho(verdict, fg="green" if right else "red")
+        click.echo()
+        self.answers.append({"kata": asked.kata, "id": q.id, "kind": q.kind, "params": asked.params,
+                             "question": asked.text, "given": given, "expected": asked.expected,
+                             "right": right})
+
+    # --- the result ----------------------------------------------------------------------------
+
+    def scorecard(self, status: str) -> dict:
+        coding = []
+        for kata in self.plan.katas:
+            # No result: the clock stopped before the kata, or the learner quit while on it.
+            missing = "not-graded" if self.file(kata).exists() else "not-reached"
+            result = self.coding.get(kata.slug, {"status": missing, "score": 0.0, "max_score": kata.max_score})
+            coding.append({"kata": kata.slug, "status": result["status"], "score": result["score"],
+                           "max_score": result["max_score"], "hints": self.hints[kata.slug]})
+        fraction = sum(c["score"] / c["max_score"] for c in coding) / len(coding)
+        hints = sum(self.hints.values())
+        coding_points = CODING_POINTS * fraction
+        penalty = min(HINT_COST * hints, coding_points)
+        right = sum(a["right"] for a in self.answers)
+        followup_points = FOLLOWUP_POINTS * right / len(self.plan.questions)
+        ended = self.coding_ended or time.monotonic()
+        return {
+            "type": "interview", "status": status, "seed": self.plan.seed, "folder": str(self.folder),
+            "minutes": self.plan.minutes, "time_used_s": round(min(ended - self.started, self.limit_s), 1),
+            "time_up": self.time_up.is_set(), "coding": coding, "hints": hints,
+            "coding_points": round(coding_points - penalty, 1), "followups": self.answers,
+            "followups_asked": len(self.plan.questions), "followups_right": right,
+            "followup_points": round(followup_points, 1),
+            "score": round(coding_points - penalty + followup_points, 1), "max_score": CODING_POINTS + FOLLOWUP_POINTS,
+        }
+
+
+def render_scorecard(card: dict) -> str:
+    lines = [click.style(f"Scorecard ({card['status']}, seed {card['seed']})", bold=True)]
+    for c in card["coding"]:
+        lines.append(f"  {c['kata']:<16} {c['status']:<12} {c['score']:g}/{c['max_score']:g} checks"
+                     + (f", {c['hints']} hint{'s' * (c['hints'] != 1)}" if c["hints"] else ""))
+    time_note = " (time ran out)" if card["time_up"] else ""
+    lines += [
+        f"  Time             {_clock(card['time_used_s'])} of {_clock(card['minutes'] * 60)}{time_note}",
+        f"  Coding           {card['coding_points']:g}/{CODING_POINTS}"
+        + (f" (after {card['hints']} x -{HINT_COST} for hints)" if card["hints"] else ""),
+        f"  Follow-ups       {card['followups_right']} of {card['followups_asked']} right: "
+        f"{card['followup_points']:g}/{FOLLOWUP_POINTS}",
+        click.style(f"  Total            {card['score']:g}/{card['max_score']}", bold=True),
+    ]
+    return "\n".join(lines)

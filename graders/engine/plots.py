@@ -1,0 +1,347 @@
+"""`kata plot`: the picture that teaches a kata, drawn from the learner's own code.
+
+A kata's manifest lists its plots (``plots = ["heatmaps"]``). For each one, a data function runs
+the learner's code in the kit's sandbox, through the same ``Learner`` proxy the graders use, and
+returns plain values (lists, arrays); a draw function turns those into a matplotlib figure here,
+in the trusted process. Every value that comes back is checked first, so a stub, an exception, a
+wrong shape or a NaN becomes one clear ``PlotFailed`` message and no file.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .failures import CheckFailed
+from .learner import Learner, call_text, describe_value
+from .manifest import Kata
+from .runner import RunnerError, resolve_device
+from .sandbox import Sandbox, SandboxUnusable, Zygote
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+DPI = 150
+SENTENCE = "the cat sat on the mat because it was tired".split()
+PADDED_LENGTH = 7             # the causal-mask padding panel: the last 3 tokens are padding
+D_KS = [2**i for i in range(11)]   # 1 ... 1024
+SCALES = {"none": "s = 1", "sqrt": "s = √d_k", "linear": "s = d_k"}
+N_KEYS = 16
+N_SAMPLES, N_TRIALS = 4_000, 500   # Monte-Carlo sizes: a few percent of noise, a second in all
+MIN_T, MAX_T = 64, 2048
+COMPLEXITY_D_MODEL, COMPLEXITY_HEADS = 64, 4
+
+
+class PlotFailed(Exception):
+    """The learner's code failed while the plot's data was computed; the message says what."""
+
+
+def not_png(path: Path) -> bool:
+    """True when ``path`` holds something that is not a PNG image: the learner's, never replaced."""
+    if not path.exists():
+        return False
+    if not path.is_file():
+        return True
+    with open(path, "rb") as f:
+        return f.read(len(PNG_MAGIC)) != PNG_MAGIC
+
+
+def compute(kata: Kata, kind: str, file: Path, *, seed: int = 0, device: str = "auto", max_t: int = MAX_T) -> dict:
+    """Run ``file`` in a sandbox and return the data plot ``kind`` of ``kata`` is drawn from.
+
+    Raises PlotFailed when the learner's code fails, RunnerError when the kit cannot run here."""
+    data_of, _ = PLOTS[kata.slug, kind]
+    try:
+        zygote = Zygote([kata.framework])
+    except SandboxUnusable as exc:
+        raise RunnerError(str(exc)) from None
+    try:
+        device = resolve_device(kata, device)
+        sandbox = Sandbox(file, zygote=zygote, framework=kata.framework, module_name=kata.module,
+                          timeout_s=kata.timeout_s, import_timeout_s=kata.import_timeout_s,
+                          memory_mb=kata.memory_mb, data_limit=device != "cuda").start()
+        try:
+            data = data_of(Learner(sandbox, device=device, seed=seed), seed=seed, device=device, max_t=max_t)
+        except CheckFailed as exc:
+            raise PlotFailed(f"{exc.text()}\nNo plot was written: `kata check {kata.slug}` says what is wrong.") from None
+        finally:
+            sandbox.close()
+    finally:
+        zygote.close()
+    return {"kata": kata.slug, "kind": kind, "device": device, **data}
+
+
+def draw(data: dict):
+    """The figure of ``data`` (what ``compute`` returned), on an Agg canvas: no display needed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    _, draw_of = PLOTS[data["kata"], data["kind"]]
+    figure = draw_of(data)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def save(figure, out: Path):
+    """Write ``figure`` as a PNG at ``out``, whole or not at all (a temporary file, then a rename).
+    Raises FileExistsError, writing nothing, when ``out`` holds something that is not a PNG."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".png", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            figure.savefig(f, format="png", dpi=DPI)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)   # mkstemp makes it private; a picture is not
+        if not_png(out):
+            raise FileExistsError(f"{out} exists and is not a PNG image: it is left alone.")
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+# --- checking what came back ------------------------------------------------------------------
+
+def _fail(message: str, *, call: str, got: str, expected: str):
+    raise CheckFailed(message, call=call, got=got, expected=expected)
+
+
+def _number(member, *args, **kwargs) -> float:
+    """``member(*args, **kwargs)``, which must return a finite real number."""
+    value = member(*args, **kwargs)
+    call = call_text(member._label, args, kwargs)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        _fail("The result is not a number.", call=call, got=describe_value(value), expected="a float")
+    if not math.isfinite(value):
+        _fail("The result is not finite.", call=call, got=repr(float(value)), expected="a finite float")
+    return float(value)
+
+
+def _tensor(value, shape: tuple, *, call: str, dtype=None, what: str = "The result"):
+    """``value`` is a plain tensor of ``shape`` (and ``dtype``), with finite values."""
+    import torch
+
+    if type(value) is not torch.Tensor:
+        _fail(f"{what} is not a tensor.", call=call, got=describe_value(value), expected=f"a tensor of shape {shape}")
+    if tuple(value.shape) != shape or (dtype is not None and value.dtype != dtype):
+        _fail(f"{what} has the wrong shape or dtype.", call=call, got=describe_value(value),
+              expected=f"{str(dtype or value.dtype).removeprefix('torch.')}{list(shape)}")
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        _fail(f"{what} holds NaN or infinite values.", call=call, got=f"{int((~torch.isfinite(value)).sum())} "
+              f"non-finite of {value.numel()}", expected="finite values")
+    return value
+
+
+def _pair(value, *, call: str):
+    if type(value) is not tuple or len(value) != 2:
+        _fail("The call must return a pair (out, weights).", call=call, got=describe_value(value),
+              expected="tuple (out, weights)")
+    return value
+
+
+# --- inputs drawn in the kit's process ----------------------------------------------------------
+
+def embeddings(seed: int, d_model: int):
+    """(T, d_model) float32: one standard normal vector per distinct word of SENTENCE, so a word
+    that appears twice ("the") is the same input both times."""
+    import torch
+
+    vocabulary = sorted(set(SENTENCE))
+    table = np.random.default_rng(seed).standard_normal((len(vocabulary), d_model))   # (V, C)
+    return torch.tensor(table[[vocabulary.index(w) for w in SENTENCE]], dtype=torch.float32)   # (T, C)
+
+
+# --- scaling-variance: curves -------------------------------------------------------------------
+
+def curves_data(learner: Learner, *, seed: int, **_) -> dict:
+    """score_std, sample_score_std and mean_max_weight for every d_k in D_KS and every scale."""
+    data = {"d_k": D_KS, "n_keys": N_KEYS, "n_samples": N_SAMPLES, "n_trials": N_TRIALS,
+            "score_std": {}, "sample_score_std": {}, "mean_max_weight": {}}
+    for scale in SCALES:
+        data["score_std"][scale] = [_number(learner.score_std, d, scale) for d in D_KS]
+        data["sample_score_std"][scale] = [_number(learner.sample_score_std, d, scale, n_samples=N_SAMPLES, seed=seed)
+                                           for d in D_KS]
+        data["mean_max_weight"][scale] = [_number(learner.mean_max_weight, d, n_keys=N_KEYS, scale=scale,
+                                                  n_trials=N_TRIALS, seed=seed) for d in D_KS]
+    return data
+
+
+def draw_curves(data: dict):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 4.8), layout="constrained")
+    spread, softmax = figure.subplots(1, 2)
+    colours = dict(zip(SCALES, ("tab:red", "tab:green", "tab:blue")))
+    for scale, formula in SCALES.items():
+        spread.plot(data["d_k"], data["score_std"][scale], color=colours[scale], label=f"{scale}: {formula}")
+        spread.plot(data["d_k"], data["sample_score_std"][scale], "o", color=colours[scale], markersize=5)
+        softmax.plot(data["d_k"], data["mean_max_weight"][scale], "o-", color=colours[scale],
+                     label=f"{scale}: {formula}")
+    spread.plot([], [], "o", color="grey", label=f"sample_score_std ({data['n_samples']:,} samples)")
+    spread.set(xscale="log", yscale="log", xlabel="d_k (dimensions of q and k)", ylabel="std of q·k / s",
+               title="Score spread: score_std (lines), sampled (markers)")
+    n = data["n_keys"]
+    softmax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="1: one-hot (saturated)")
+    softmax.axhline(1 / n, color="black", linestyle=":", linewidth=1, label=f"1/{n}: uniform")
+    softmax.set(xscale="log", ylim=(0, 1.05), xlabel="d_k (dimensions of q and k)",
+                ylabel="mean of the largest softmax weight",
+                title=f"Softmax over {n} keys: mean_max_weight ({data['n_trials']:,} trials)")
+    for ax in (spread, softmax):
+        ax.set_xticks(data["d_k"], [str(d) for d in data["d_k"]])
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.suptitle("scaling-variance, from your code: only \"sqrt\" keeps the scores at std 1 "
+                    "and the softmax away from one-hot and uniform")
+    return figure
+
+
+# --- causal-mask and mha: heatmaps --------------------------------------------------------------
+
+def causal_heatmaps_data(learner: Learner, *, seed: int, device: str, **_) -> dict:
+    """The weights of the learner's masked_attention under their own causal_mask, for a few heads
+    of q/k/v projections drawn here; and, for the first head, under causal AND padding masks."""
+    import torch
+
+    T, C, H, hd = len(SENTENCE), 16, 3, 8
+    x = embeddings(seed, C)   # (T, C)
+    rng = np.random.default_rng(seed + 1)
+    # W ~ N(0, 1/C) keeps q and k at unit variance, so the scaled scores are O(1) and the
+    # softmax neither saturates nor flattens.
+    w_q, w_k, w_v = (torch.tensor(rng.standard_normal((H, C, hd)) / math.sqrt(C), dtype=torch.float32) for _ in range(3))
+    q, k, v = (x @ w for w in (w_q, w_k, w_v))   # (H, T, hd) each
+    call = f"causal_mask({T})"
+    mask = _tensor(learner.causal_mask(T), (T, T), dtype=torch.bool, call=call)
+    call = f"masked_attention(q, k, v, mask=causal_mask({T})) with q, k, v float32[{H}, {T}, {hd}]"
+    weights = _tensor(_pair(learner.masked_attention(q, k, v, mask=mask), call=call)[1], (H, T, T),
+                      call=call, what="The weights")
+    call = f"padding_mask(tensor([{PADDED_LENGTH}]), {T})"
+    padding = _tensor(learner.padding_mask(torch.tensor([PADDED_LENGTH]), T), (1, 1, 1, T), dtype=torch.bool, call=call)
+    call = (f"masked_attention(q, k, v, mask=causal_mask({T}) & padding_mask(tensor([{PADDED_LENGTH}]), {T})) "
+            f"with q, k, v float32[1, 1, {T}, {hd}]")
+    padded = _tensor(_pair(learner.masked_attention(q[None, :1], k[None, :1], v[None, :1], mask=mask & padding),
+                           call=call)[1], (1, 1, T, T), call=call, what="The weights")
+    panels = [{"title": f"head {h + 1}: causal", "weights": weights[h].double().cpu().numpy()} for h in range(H)]
+    panels.append({"title": f"head 1: causal AND padding\n(length {PADDED_LENGTH}: the last {T - PADDED_LENGTH} are padding)",
+                   "weights": padded[0, 0].double().cpu().numpy()})
+    return {"tokens": SENTENCE, "panels": panels,
+            "title": "causal-mask, from your masked_attention: each query (row) attends to itself and earlier keys only"}
+
+
+def mha_heatmaps_data(learner: Learner, *, seed: int, device: str, **_) -> dict:
+    """The per-head weights of the learner's MultiHeadSelfAttention (weights injected, causal)."""
+    from graders import mha
+
+    T, C, H = len(SENTENCE), 16, 4
+    sd = {name: w.float() for name, w in mha.weights(np.random.default_rng(seed + 1), C).items()}
+    module = mha.build(learner, device, sd, H)
+    call = f"MultiHeadSelfAttention({C}, {H})(x, causal=True) with x float32[1, {T}, {C}], weights injected"
+    out, weights = _pair(module(embeddings(seed, C)[None], causal=True), call=call)
+    _tensor(out, (1, T, C), call=call, what="The output")
+    weights = _tensor(weights, (1, H, T, T), call=call, what="The weights")
+    panels = [{"title": f"head {h + 1}", "weights": weights[0, h].double().cpu().numpy()} for h in range(H)]
+    return {"tokens": SENTENCE, "panels": panels,
+            "title": f"mha, from your MultiHeadSelfAttention ({H} heads, causal): what each head attends to"}
+
+
+def draw_heatmaps(data: dict):
+    from matplotlib.figure import Figure
+
+    from matplotlib import colormaps
+
+    tokens, panels = data["tokens"], data["panels"]
+    figure = Figure(figsize=(3.6 * len(panels) + 1.2, 5.4), layout="constrained")
+    axes = figure.subplots(1, len(panels), sharey=True)
+    # Exact zeros (what a mask leaves) in grey, so "masked" and "barely attended" look different.
+    colours = colormaps["viridis"].with_extremes(bad="#d9d9d9")
+    for ax, panel in zip(axes, panels):
+        image = ax.imshow(np.ma.masked_equal(panel["weights"], 0.0), vmin=0.0, vmax=1.0, cmap=colours)
+        ax.set_title(panel["title"], fontsize=10)
+        ax.set_xticks(range(len(tokens)), tokens, rotation=90)
+        ax.set_yticks(range(len(tokens)), tokens)
+        ax.set_xlabel("key (attended to)")
+    axes[0].set_ylabel("query (attending)")
+    figure.colorbar(image, ax=list(axes), label="attention weight (rows sum to 1; grey: exactly 0)", shrink=0.9)
+    figure.suptitle(data["title"])
+    return figure
+
+
+# --- mha: complexity ----------------------------------------------------------------------------
+
+def lengths(max_t: int) -> list[int]:
+    """MIN_T, 2·MIN_T, ... up to max_t: T doubling."""
+    return [MIN_T * 2**i for i in range(int(math.log2(max_t / MIN_T)) + 1)]
+
+
+def complexity_data(learner: Learner, *, seed: int, device: str, max_t: int = MAX_T) -> dict:
+    """Time and peak memory of the learner's forward (B=1, causal, no grad) as T doubles, beside
+    the kit's SDPA attention on the same weights, both measured in the same sandbox process."""
+    import torch
+
+    from graders import mha
+
+    C, H = COMPLEXITY_D_MODEL, COMPLEXITY_HEADS
+    rng = np.random.default_rng(seed)
+    sd = {name: w.float() for name, w in mha.weights(rng, C).items()}
+    module = mha.build(learner, device, sd, H)
+    sdpa = learner.kit_function("sdpa_self_attention")
+    weights = [sd[k] for k in ("qkv_proj.weight", "qkv_proj.bias", "out_proj.weight", "out_proj.bias")]
+
+    # The two curves compare one function computed two ways: make sure it is the same function.
+    x = torch.tensor(rng.standard_normal((1, MIN_T, C)), dtype=torch.float32)   # (1, T, C)
+    call = f"MultiHeadSelfAttention({C}, {H})(x, causal=True) with x float32[1, {MIN_T}, {C}], weights injected"
+    out = _tensor(_pair(module(x, causal=True), call=call)[0], (1, MIN_T, C), call=call, what="The output")
+    expected = _tensor(sdpa(x, *weights, H, causal=True), (1, MIN_T, C), call="the kit's sdpa_self_attention")
+    error = float((out.double() - expected.double()).abs().max())
+    if error > 1e-4:
+        _fail("Your module's output differs from F.scaled_dot_product_attention's on the same weights, "
+              "so the two curves would not measure the same attention.", call=call,
+              got=f"largest difference {error:.3g}", expected="at most 1e-4")
+
+    series = {"learner": {"seconds": [], "peak_bytes": []}, "sdpa": {"seconds": [], "peak_bytes": []}}
+    for T in lengths(max_t):
+        x = torch.tensor(rng.standard_normal((1, T, C)), dtype=torch.float32)   # (1, T, C)
+        for name, member, args in (("learner", module, (x,)), ("sdpa", sdpa, (x, *weights, H))):
+            # More repeats where a call is short: the same few tenths of a second per point.
+            timed = learner.measure(member, *args, causal=True, repeats=max(3, 8192 // T))
+            series[name]["seconds"].append(timed["seconds"])
+            peak = learner.peak_bytes(member, *args, causal=True)
+            if peak is None or peak <= 0:
+                _fail("The peak memory of the forward could not be measured.", call=call_text(member._label, args, {}),
+                      got=describe_value(peak), expected="a positive number of bytes")
+            series[name]["peak_bytes"].append(peak)
+    return {"T": lengths(max_t), "d_model": C, "n_heads": H, **series}
+
+
+def draw_complexity(data: dict):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 4.8), layout="constrained")
+    time_ax, memory_ax = figure.subplots(1, 2)
+    T = np.array(data["T"], dtype=float)
+    for ax, key, scale, unit in ((time_ax, "seconds", 1e3, "time per forward (ms)"),
+                                 (memory_ax, "peak_bytes", 2.0**-20, "peak memory of the forward (MiB)")):
+        mine = np.array(data["learner"][key]) * scale
+        theirs = np.array(data["sdpa"][key]) * scale
+        ax.plot(T, mine, "o-", color="tab:red", label="your MultiHeadSelfAttention")
+        ax.plot(T, theirs, "s-", color="tab:blue", label="F.scaled_dot_product_attention")
+        # Guides through the last point of each curve: that is where the leading term dominates.
+        ax.plot(T, mine[-1] * (T / T[-1]) ** 2, "--", color="grey", label="O(T²)")
+        ax.plot(T, theirs[-1] * (T / T[-1]), ":", color="grey", label="O(T)")
+        ax.set(xscale="log", yscale="log", xlabel="T (tokens)", ylabel=unit)
+        ax.set_xticks(T, [str(int(t)) for t in T])
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8)
+    time_ax.set_title("Time: one forward, no grad")
+    memory_ax.set_title("Peak memory: the (B, H, T, T) scores grow as T²")
+    figure.suptitle(f"mha, measured on {data['device']}: your module against SDPA on the same weights "
+                    f"(B=1, d_model={data['d_model']}, {data['n_heads']} heads, causal, float32)")
+    return figure
+
+
+# (kata slug, plot kind) -> (data function, draw function); manifests say which a kata has.
+PLOTS = {
+    ("scaling-variance", "curves"): (curves_data, draw_curves),
+    ("causal-mask", "heatmaps"): (causal_heatmaps_data, draw_heatmaps),
+    ("mha", "heatmaps"): (mha_heatmaps_data, draw_heatmaps),
+    ("mha", "complexity"): (complexity_data, draw_complexity),
+}

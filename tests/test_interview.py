@@ -1,0 +1,199 @@
+"""Mock interviews, end to end: the real `kata interview` driven through its standard input as a
+learner would, the scorecard and the history entry it leaves, and replay by seed."""
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import cli
+import pytest
+from click.testing import CliRunner
+
+from conftest import KATA
+from graders.engine import manifest
+from graders.engine.interview import CODING_POINTS, FOLLOWUP_POINTS, HINT_COST, plan
+
+REFERENCE = Path(__file__).resolve().parents[1] / "reference"
+
+
+class Session:
+    """A `kata interview` subprocess: send lines, wait for text to appear on its output."""
+
+    def __init__(self, workspace: Path, *args):
+        env = {**os.environ, "KATA_WORKSPACE": str(workspace), "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen([str(KATA), "interview", *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=workspace)
+        self.chunks, self.text = queue.Queue(), ""
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        while chunk := os.read(self.proc.stdout.fileno(), 4096):
+            self.chunks.put(chunk.decode("utf-8", "replace"))
+
+    def expect(self, pattern: str, timeout: float = 120) -> re.Match:
+        """Wait for ``pattern`` in the output after what earlier calls consumed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            match = re.search(pattern, self.text)
+            if match:
+                self.text = self.text[match.end():]
+                return match
+            try:
+                self.text += self.chunks.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.proc.kill()
+                raise AssertionError(f"no {pattern!r} within {timeout} s; output so far:\n{self.text}") from None
+
+    def send(self, line: str):
+        self.proc.stdin.write((line + "\n").encode())
+        self.proc.stdin.flush()
+
+    def finish(self, timeout: float = 120) -> tuple[int, str]:
+        self.proc.stdin.close()
+        code = self.proc.wait(timeout)
+        time.sleep(0.2)   # let the reader drain
+        while not self.chunks.empty():
+            self.text += self.chunks.get()
+        return code, self.text
+
+
+def answer(asked, right: bool) -> str:
+    """What a learner types: the right answer, or a wrong one of the same form."""
+    expected = asked.expected
+    if asked.question.kind == "choice":
+        return expected if right else next(c for c in "abcdef" if c != expected)
+    return repr(expected) if right else repr(expected * 3 + 1)
+
+
+def history(workspace: Path) -> list[dict]:
+    path = workspace / ".kata" / "history.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_same_seed_draws_the_same_interview_and_seeds_differ():
+    katas = manifest.katas()
+
+    def drawn(seed, **kw):
+        p = plan(katas, seed=seed, **kw)
+        return ([k.slug for k in p.katas],
+                [(a.kata, a.question.id, a.params, a.order, a.text) for a in p.questions])
+
+    assert drawn(5) == drawn(5)
+    assert drawn(5, minutes=60) == drawn(5, minutes=60)
+    assert len({str(drawn(seed)) for seed in range(6)}) > 1
+    for seed in range(20):
+        p = plan(katas, seed=seed)
+        assert 3 <= len(p.questions) <= 5
+        assert sum(k.minutes for k in p.katas) <= 30 or len(p.katas) == 1
+        assert {a.question.kind for a in p.questions} == {"choice", "numeric"}
+        assert len({(a.kata, a.question.id) for a in p.questions}) == len(p.questions)
+    given = plan(katas, seed=1, chosen=[manifest.find("mha"), manifest.find("gqa")])
+    assert [k.slug for k in given.katas] == ["mha", "gqa"]
+    assert given.minutes == manifest.find("mha").minutes + manifest.find("gqa").minutes
+    assert {a.kata for a in given.questions} == {"mha", "gqa"} and len(given.questions) == 4
+
+
+def test_a_scripted_interview_runs_to_the_scorecard_and_the_history(tmp_path):
+    seed, softmax = 11, manifest.find("softmax")
+    expected = plan(manifest.katas(), seed=seed, chosen=[softmax])
+    session = Session(tmp_path, "--katas", "softmax", "--seed", str(seed), "--minutes", "20")
+    session.expect(r"Mock interview: softmax in 20:00, then 3 follow-up questions")
+    learner_file = Path(session.expect(r"Your file: (\S+)").group(1))
+    assert learner_file.parent.parent == tmp_path / "interviews"
+    assert learner_file.read_text() == softmax.stub_path.read_text()
+
+    session.send("hint")
+    session.expect(r"Hint 1/\d+ \(-5 points\)")
+    session.send("check")
+    session.expect(r"NOT-STARTED")
+    shutil.copyfile(REFERENCE / "softmax.py", learner_file)
+    session.send("c")
+    session.expect(rf"PASSED\s+{softmax.max_score:g}/{softmax.max_score:g} points")
+    session.send("done")
+    for number, asked in enumerate(expected.questions, 1):
+        session.expect(rf"Follow-up {number}/3 \(softmax\)\n{re.escape(asked.text)}")
+        session.send(answer(asked, right=number != 2))
+        session.expect("Right" if number != 2 else "answer is")
+    code, output = session.finish()
+    assert code == 0, output
+    assert re.search(r"Total\s+81\.7/100", output), output   # 60 - 5 + 40 * 2/3
+
+    [*checks, card] = history(tmp_path)
+    assert [c["status"] for c in checks] == ["not-started", "passed", "passed"]
+    assert card["type"] == "interview" and card["status"] == "completed" and card["seed"] == seed
+    assert card["coding"] == [{"kata": "softmax", "status": "passed", "score": softmax.max_score,
+                               "max_score": softmax.max_score, "hints": 1}]
+    assert card["coding_points"] == CODING_POINTS - HINT_COST
+    assert (card["followups_right"], card["followups_asked"]) == (2, 3)
+    assert card["followup_points"] == round(FOLLOWUP_POINTS * 2 / 3, 1)
+    assert card["score"] == round(CODING_POINTS - HINT_COST + FOLLOWUP_POINTS * 2 / 3, 1)
+    assert [a["id"] for a in card["followups"]] == [a.question.id for a in expected.questions]
+    assert card["time_up"] is False and 0 < card["time_used_s"] < 20 * 60
+
+    # The same seed replays the same questions: here through Click's runner, answers piped in.
+    replay = plan(manifest.katas(), seed=seed, chosen=[softmax])
+    piped = "done\n" + "".join(answer(a, right=True) + "\n" for a in replay.questions)
+    result = CliRunner().invoke(cli.main, ["interview", "--katas", "softmax", "--seed", str(seed),
+                                           "-w", str(tmp_path)], input=piped)
+    assert result.exit_code == 0, result.output
+    again = history(tmp_path)[-1]
+    assert [(a["id"], a["params"], a["question"]) for a in again["followups"]] == \
+           [(a["id"], a["params"], a["question"]) for a in card["followups"]]
+    assert again["coding"][0]["status"] == "not-started" and again["followups_right"] == 3
+    assert again["score"] == FOLLOWUP_POINTS
+    assert (tmp_path / "softmax.py").exists() is False   # the practice file was never touched
+
+    shown = CliRunner().invoke(cli.main, ["history", "-w", str(tmp_path)])
+    assert shown.exit_code == 0
+    assert re.search(r"81\.7/100 .*softmax", shown.output) and "81.7 -> 40" in shown.output
+
+
+def test_code_saved_after_the_time_is_up_does_not_count(tmp_path):
+    softmax = manifest.find("softmax")
+    questions = plan(manifest.katas(), seed=3, chosen=[softmax]).questions
+    session = Session(tmp_path, "--katas", "softmax", "--seed", "3", "--minutes", "0.1")
+    learner_file = Path(session.expect(r"Your file: (\S+)").group(1))
+    shutil.copyfile(REFERENCE / "softmax.py", learner_file)
+    session.expect(r"Time is up", timeout=60)
+    learner_file.write_text("def softmax(x, axis=-1):\n    return x\n")   # too late
+    session.send("")
+    session.expect(r"Grading your final softmax\.py")
+    for number, asked in enumerate(questions, 1):
+        session.expect(rf"Follow-up {number}/")
+        session.send(answer(asked, right=False))
+    code, output = session.finish()
+    assert code == 0, output
+    card = history(tmp_path)[-1]
+    assert card["time_up"] is True and card["time_used_s"] == 6.0
+    assert card["coding"][0]["status"] == "passed" and card["score"] == CODING_POINTS
+    assert (learner_file.parent / "at-time-up" / "softmax.py").read_bytes() == (REFERENCE / "softmax.py").read_bytes()
+    assert re.search(r"Time\s+0:06 of 0:06 \(time ran out\)", output)
+
+
+@pytest.mark.parametrize("piped", ["quit\n", "", "done\n"], ids=["quit", "eof-while-coding", "eof-in-follow-ups"])
+def test_an_abandoned_interview_is_saved_as_abandoned(tmp_path, piped):
+    result = CliRunner().invoke(cli.main, ["interview", "--katas", "split-heads", "--seed", "2",
+                                           "-w", str(tmp_path)], input=piped)
+    assert result.exit_code == 1, result.output
+    assert "Interview abandoned" in result.output and "Scorecard (abandoned" in result.output
+    card = history(tmp_path)[-1]
+    assert card["status"] == "abandoned" and card["followups"] == []
+    assert card["coding"][0]["status"] == ("not-started" if piped == "done\n" else "not-graded")
+
+
+def test_invalid_answers_are_asked_again(tmp_path):
+    p = plan(manifest.katas(), seed=4, chosen=[manifest.find("gqa")])
+    lines = ["done"]
+    for asked in p.questions:
+        lines += (["z", "", answer(asked, True)] if asked.question.kind == "choice" else [answer(asked, True)])
+    result = CliRunner().invoke(cli.main, ["interview", "--katas", "gqa", "--seed", "4", "-w", str(tmp_path)],
+                                input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.output
+    assert history(tmp_path)[-1]["followups_right"] == len(p.questions)
+    if any(a.question.kind == "choice" for a in p.questions):
+        assert "Type one letter" in result.output

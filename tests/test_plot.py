@@ -1,0 +1,172 @@
+"""`kata plot`: every declared plot drawn from the reference through the installed `kata`
+command, the data behind each figure checked against what the kata teaches, failures of the
+learner's code reported without a file, and a learner's file at --out never replaced."""
+import math
+import shutil
+
+import matplotlib.image
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import cli
+from graders.engine import plots
+from graders.engine.learner import Learner
+from graders.engine.manifest import ROOT, find, katas
+from graders.engine.sandbox import Sandbox, Zygote
+
+PLOTS = [(k.slug, kind) for k in katas() for kind in k.plots]
+SMALL_T = 256   # the complexity plot's largest T in these tests: seconds, not tens of seconds
+
+
+def reference_in(workspace, slug):
+    kata = find(slug)
+    shutil.copyfile(ROOT / "reference" / f"{kata.module}.py", workspace / kata.learner_file)
+    return workspace / kata.learner_file
+
+
+def compute(tmp_path, slug, kind, **options):
+    return plots.compute(find(slug), kind, reference_in(tmp_path, slug), seed=0, device="cpu", **options)
+
+
+def test_every_declared_plot_has_a_drawing():
+    assert PLOTS, "no kata declares a plot"
+    assert set(PLOTS) == set(plots.PLOTS)
+
+
+@pytest.mark.parametrize("slug,kind", PLOTS)
+def test_the_reference_draws_a_real_png(tmp_path, slug, kind):
+    reference_in(tmp_path, slug)
+    out = tmp_path / f"{slug}-{kind}.png"
+    matplotlib.image.imsave(out, np.zeros((2, 2, 3)))   # an older plot: a PNG, so it is replaced
+    run = CliRunner().invoke(cli.main, ["plot", slug, "--kind", kind, "--device", "cpu", "--max-t", str(SMALL_T),
+                                        "-w", str(tmp_path)])
+    assert run.exit_code == 0, run.output
+    assert run.stdout.strip() == f"Wrote {out}"
+    assert out.read_bytes().startswith(plots.PNG_MAGIC)
+    image = matplotlib.image.imread(out)
+    height, width = image.shape[:2]
+    assert 600 <= height <= 1200 and 1500 <= width <= 3000
+    colours = np.unique((image[..., :3] * 255).round().reshape(-1, 3), axis=0)
+    assert len(colours) > 50, "a blank or nearly blank image"
+    assert [p.name for p in tmp_path.glob("*.png")] == [out.name], "a temporary file was left behind"
+
+
+def test_curves_show_that_only_sqrt_stays_flat(tmp_path):
+    data = compute(tmp_path, "scaling-variance", "curves")
+    d_k = np.array(data["d_k"], dtype=float)
+    assert data["d_k"][0] == 1 and data["d_k"][-1] == 1024
+    expected = {"none": np.sqrt(d_k), "sqrt": np.ones_like(d_k), "linear": 1 / np.sqrt(d_k)}
+    for scale, std in expected.items():
+        np.testing.assert_allclose(data["score_std"][scale], std, rtol=1e-12)
+        # 4,000 samples: the sample std is within ~1.1 % of the true one (one standard error)
+        np.testing.assert_allclose(data["sample_score_std"][scale], std, rtol=0.06)
+    weights = {scale: np.array(w) for scale, w in data["mean_max_weight"].items()}
+    assert weights["none"][-1] > 0.9 and np.all(np.diff(weights["none"]) > 0)
+    assert abs(weights["linear"][-1] - 1 / data["n_keys"]) < 0.02
+    assert np.ptp(weights["sqrt"][2:]) < 0.08   # flat from d_k = 4 on
+
+
+def assert_causal_rows(weights, *, allowed_keys=None):
+    T = weights.shape[-1]
+    allowed = np.tril(np.ones((T, T), dtype=bool))
+    if allowed_keys is not None:
+        allowed[:, allowed_keys:] = False
+    assert np.all(weights[~allowed] == 0), "weight on a key the masks forbid"
+    assert np.all(weights[allowed] > 0)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
+
+
+def test_causal_heatmaps_are_lower_triangular_distributions(tmp_path):
+    data = compute(tmp_path, "causal-mask", "heatmaps")
+    assert data["tokens"] == plots.SENTENCE
+    *heads, padded = data["panels"]
+    assert len(heads) == 3
+    for panel in heads:
+        assert panel["weights"].shape == (10, 10)
+        assert_causal_rows(panel["weights"])
+    assert_causal_rows(padded["weights"], allowed_keys=plots.PADDED_LENGTH)
+    assert not np.allclose(heads[0]["weights"], heads[1]["weights"]), "the heads should differ"
+
+
+def test_mha_heatmaps_are_the_modules_causal_weights(tmp_path):
+    data = compute(tmp_path, "mha", "heatmaps")
+    assert len(data["panels"]) == 4
+    for panel in data["panels"]:
+        assert_causal_rows(panel["weights"])
+
+
+def test_complexity_shows_quadratic_memory_against_sdpas_linear(tmp_path):
+    data = compute(tmp_path, "mha", "complexity", max_t=512)
+    assert data["T"] == [64, 128, 256, 512]
+    mine, sdpa = np.array(data["learner"]["peak_bytes"]), np.array(data["sdpa"]["peak_bytes"])
+    # The reference holds a few (1, H, T, T) float32 tensors at once: at least the scores.
+    assert np.all(mine >= 4 * data["n_heads"] * np.array(data["T"]) ** 2)
+    assert 3.3 < mine[-1] / mine[-2] <= 4.1
+    assert 1.6 < sdpa[-1] / sdpa[-2] < 2.4
+    assert all(s > 0 for s in data["learner"]["seconds"] + data["sdpa"]["seconds"])
+
+
+def test_a_stub_writes_no_file(kata_cmd):
+    """End to end through the installed command."""
+    assert kata_cmd("start", "causal-mask").returncode == 0
+    run = kata_cmd("plot", "causal-mask", "--device", "cpu")
+    assert run.returncode == 1
+    assert "causal_mask is not implemented yet" in run.stderr and "kata check causal-mask" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert list(kata_cmd.workspace.glob("*.png")) == []
+
+
+def test_a_nan_is_reported_and_writes_no_file(tmp_path):
+    source = (ROOT / "reference" / "scaling_variance.py").read_text()
+    (tmp_path / "scaling_variance.py").write_text(source.replace("return float(np.sqrt(d_k) / _divisor(d_k, scale))",
+                                                                 "return float('nan')"))
+    result = CliRunner().invoke(cli.main, ["plot", "scaling-variance", "-w", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "not finite" in result.output and "score_std(1, 'none')" in result.output
+    assert list(tmp_path.glob("*.png")) == []
+
+
+def test_a_file_that_is_not_a_png_is_left_alone(tmp_path):
+    reference_in(tmp_path, "scaling-variance")
+    notes = tmp_path / "notes.png"
+    notes.write_bytes(b"my notes, not an image\n")
+    result = CliRunner().invoke(cli.main, ["plot", "scaling-variance", "-w", str(tmp_path), "--out", str(notes)])
+    assert result.exit_code == 2
+    assert "is not a PNG image" in result.output
+    assert notes.read_bytes() == b"my notes, not an image\n"
+
+
+def test_katas_and_kinds_without_a_plot_are_usage_errors(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(cli.main, ["plot", "softmax", "-w", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "softmax has no plots" in result.output and "causal-mask" in result.output
+    result = runner.invoke(cli.main, ["plot", "mha", "--kind", "bars", "-w", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "heatmaps, complexity" in result.output
+
+
+def test_peak_bytes_counts_live_tensors_on_the_cpu(tmp_path):
+    n = 1 << 16
+    path = tmp_path / "mod.py"
+    path.write_text("import torch\n"
+                    "def chain(n):\n"
+                    "    x = torch.ones(n)\n"
+                    "    for _ in range(10):\n"
+                    "        x = x + 1   # the old x is freed once the new one exists\n"
+                    "    return x\n")
+    with Zygote(["torch"]) as zygote, Sandbox(path, zygote=zygote, framework="torch", module_name="mod",
+                                              timeout_s=10, import_timeout_s=10, memory_mb=1024).start() as sandbox:
+        learner = Learner(sandbox)
+        assert learner.peak_bytes(learner.chain, n) == 2 * 4 * n   # two float32 vectors, never eleven
+        sdpa = learner.kit_function("sdpa_self_attention")
+        x, w, b = torch.randn(1, 5, 8), torch.randn(24, 8), torch.randn(24)
+        got = sdpa(x, w, b, torch.eye(8), torch.zeros(8), 2, causal=True)
+        q, k, v = (x @ w.T + b).split(8, dim=-1)
+        heads = [t.view(1, 5, 2, 4).transpose(1, 2) for t in (q, k, v)]
+        scores = (heads[0] @ heads[1].transpose(-2, -1) / math.sqrt(4)).masked_fill(~torch.ones(5, 5).tril().bool(),
+                                                                                    float("-inf"))
+        expected = (scores.softmax(-1) @ heads[2]).transpose(1, 2).reshape(1, 5, 8)
+        torch.testing.assert_close(got, expected)

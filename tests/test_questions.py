@@ -1,0 +1,198 @@
+"""Follow-up question banks and their grading, and spaced repetition over the history."""
+import ast
+import json
+import random
+import re
+from datetime import date, datetime, timedelta
+
+import cli
+import pytest
+from click.testing import CliRunner
+
+from graders.engine import manifest, questions
+from graders.engine.history import History, progress, suggestions
+from graders.engine.lint import check_followups
+from graders.engine.questions import QuestionError, evaluate, parse, parse_answer
+
+KATAS = [k.slug for k in manifest.katas()]
+
+
+@pytest.mark.parametrize("slug", KATAS)
+def test_every_kata_has_a_bank_of_both_kinds_with_computed_answers(slug):
+    kata = manifest.find(slug)
+    ok, what = check_followups(kata)
+    assert ok, what
+    for q in kata.followups:
+        if q.kind == "choice":
+            continue
+        assert not isinstance(ast.parse(q.answer, mode="eval").body, ast.Constant), f"{q.id}: a stored number"
+        for seed in range(4):
+            asked = q.draw(random.Random(seed), slug)
+            expected = asked.expected
+            assert "{" not in asked.text and str(expected) not in asked.text
+            assert asked.grade(repr(expected))[0], (q.id, asked.params)
+            assert not asked.grade(repr(expected * 3 + 1))[0], (q.id, asked.params)
+            for wrong, why in q.mistakes:
+                right, verdict = asked.grade(repr(evaluate(wrong, asked.params)))
+                assert not right and verdict.startswith(why)
+
+
+def test_choice_questions_shuffle_and_grade_by_letter():
+    q = manifest.find("softmax").followups[0]
+    orders = {q.draw(random.Random(seed), "softmax").order for seed in range(12)}
+    assert len(orders) > 1
+    for order in orders:
+        asked = questions.Asked("softmax", q, {}, order)
+        right_letter = asked.expected
+        assert asked.choices[ord(right_letter) - ord("a")] == q.options[q.answer - 1]
+        assert asked.grade(right_letter.upper() + ")")[0]
+        right, verdict = asked.grade(next(c for c in "abcd" if c != right_letter))
+        assert not right and verdict.startswith(f"The answer is {right_letter})") and q.explain in verdict
+
+
+@pytest.mark.parametrize("text, value", [
+    ("4294967296", 4294967296), ("4,294,967,296", 4294967296), ("4_294_967_296 bytes", 4294967296),
+    ("4 GiB", 4 * 2**30), ("4GiB", 4 * 2**30), ("4.3 GB", 4.3e9), ("12M", 12e6), ("2^32", 2**32),
+    ("2 * 16 * 4096**2", 2 * 16 * 4096**2), ("1.5e3 FLOPs", 1500.0), ("125 keys", 125), ("3 KB", 3000), ("-0.25", -0.25), ("sqrt(64)", 8.0),
+])
+def test_numeric_answers_accept_how_people_write_numbers(text, value):
+    assert parse_answer(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["", "bytes", "abc", "__import__('os')", "(1).real", "[1]", "2**10**10",
+                                  "open('x')", "1/0", "inf"])
+def test_the_evaluator_computes_arithmetic_and_nothing_else(text):
+    with pytest.raises(ValueError):
+        parse_answer(text)
+
+
+def test_a_broken_question_fails_when_the_manifest_loads():
+    base = {"id": "q", "kind": "numeric", "question": "T = {T}?", "explain": "x", "params": {"T": [1, 2]}}
+    with pytest.raises(QuestionError, match="not allowed"):
+        parse({**base, "answer": "T * __import__('os').getpid()"}, "#1")
+    with pytest.raises(QuestionError, match=r"with \{'T': 1\}: 'U'"):
+        parse({**base, "answer": "T", "question": "{U}?"}, "#1")
+    with pytest.raises(QuestionError, match="gives the right answer"):
+        parse({**base, "answer": "T * 2", "mistakes": [{"answer": "T + T", "explain": "no"}]}, "#1")
+    with pytest.raises(QuestionError, match="unknown key 'options'"):
+        parse({**base, "answer": "T", "options": ["a", "b"]}, "#1")
+    with pytest.raises(QuestionError, match="1-based number"):
+        parse({"id": "c", "kind": "choice", "question": "?", "explain": "x", "options": ["a", "b"], "answer": 3}, "#1")
+
+
+def _checks(*rows):
+    """Check entries as `kata check` appends them: (days ago, kata, status, file content)."""
+    today = datetime.now().astimezone()
+    return [{"type": "check", "time": (today - timedelta(days=ago)).isoformat(timespec="seconds"), "kata": kata,
+             "status": status, "score": 1.0 if status == "passed" else 0.0, "max_score": 1.0, "sha256": sha}
+            for ago, kata, status, sha in rows]
+
+
+def test_next_puts_failures_first_then_unfinished_then_due_reviews_then_new_katas():
+    katas = manifest.katas()
+    checks = _checks(
+        (9, "softmax", "passed", "s1"),          # box 1 nine days ago: due
+        (5, "split-heads", "passed", "h1"),
+        (4, "split-heads", "passed", "h2"),      # new code on a new day: box 2, due in 2 days: due
+        (1, "gqa", "passed", "g1"),              # box 1 yesterday: due today
+        (0.0003, "causal-mask", "failed", "c1"),
+        (0.0002, "mha", "passed", "m1"),
+        (0.0001, "mha", "failed", "m2"),          # failed today, most recently
+        (0, "causal-mask", "not-started", "c0"),  # not-started runs do not count
+        (0, "flops-memory", "passed", "f1"),     # passed today: not due
+    )
+    ranked = suggestions(katas, checks, started={"causal-mask", "mha", "scaling-variance"})
+    order = [(s.kata.slug, s.reason.split(",")[0].split(" (")[0].split(":")[0]) for s in ranked]
+    assert order[:2] == [("mha", "failed today"), ("causal-mask", "failed today")]
+    assert order[2] == ("scaling-variance", "started")
+    assert [slug for slug, _ in order[3:6]] == ["softmax", "split-heads", "gqa"]   # most overdue first
+    assert [slug for slug, _ in order[6:8]] == ["mha-by-loop", "sdpa-swap"]        # not started, in order
+    assert order[8][0] == "flops-memory" and len(ranked) == len(katas)
+    assert ranked[6].command == "kata start mha-by-loop" and ranked[3].command == "kata interview --katas softmax"
+
+
+def test_a_review_needs_new_code_and_a_failure_resets_it():
+    katas = manifest.katas()
+    same_file = progress(katas, _checks((6, "softmax", "passed", "a"), (3, "softmax", "passed", "a"),
+                                        (0, "softmax", "passed", "a")))["softmax"]
+    assert same_file.box == 1 and same_file.interval_days == 1
+    fresh = progress(katas, _checks((6, "softmax", "passed", "a"), (3, "softmax", "passed", "b"),
+                                    (2, "softmax", "passed", "c"), (2, "softmax", "passed", "d")))["softmax"]
+    assert fresh.box == 3 and fresh.due == (datetime.now() - timedelta(days=2)).date() + timedelta(days=4)
+    reset = progress(katas, _checks((6, "softmax", "passed", "a"), (3, "softmax", "passed", "b"),
+                                    (1, "softmax", "error", "c"), (0, "softmax", "passed", "a")))["softmax"]
+    assert reset.box == 1 and reset.checks == 4 and reset.due == date.today() + timedelta(days=1)
+
+
+def test_history_survives_a_torn_line_and_the_cli_reads_it(kata_cmd):
+    ws = kata_cmd.workspace
+    assert kata_cmd("start", "softmax").returncode == 0
+    (ws / "softmax.py").write_text((manifest.ROOT / "reference" / "softmax.py").read_text())
+    assert kata_cmd("check", "softmax").returncode == 0
+    path = ws / ".kata" / "history.jsonl"
+    with open(path, "a") as f:
+        f.write('{"type": "check", "time": "2026-')     # a crash mid-write
+    History(path).append({"type": "check", "kata": "split-heads", "status": "failed", "score": 2.0,
+                          "max_score": 9.0, "sha256": "x"})
+    shown = kata_cmd("history")
+    assert shown.returncode == 0
+    assert "1 unreadable line(s)" in shown.stderr
+    assert re.search(r"softmax\s+1 check\(s\)\s+best 10/10 .*\(passed\)\s+review due", shown.stdout)
+    assert re.search(r"split-heads\s+1 check\(s\)\s+best 2/\d+ .*not passed yet", shown.stdout)
+    entries = [json.loads(line) for line in kata_cmd("history", "--json").stdout.splitlines()]
+    assert [e["kata"] for e in entries] == ["softmax", "split-heads"]
+    assert entries[0]["status"] == "passed" and len(entries[0]["sha256"]) == 64
+    suggested = kata_cmd("next", "-n", "2").stdout
+    assert re.match(r"1\. split-heads: failed today .*\n   kata check split-heads\n2\. scaling-variance: not started yet",
+                    suggested), suggested
+
+
+def test_an_empty_history_says_how_to_start(tmp_path):
+    result = CliRunner().invoke(cli.main, ["history", "-w", str(tmp_path)])
+    assert result.exit_code == 0 and "No history yet" in result.output
+    first = CliRunner().invoke(cli.main, ["next", "-n", "1", "-w", str(tmp_path)]).output
+    assert first.startswith("1. softmax: not started yet")
+
+
+def _agrees_with_the_reference():
+    """Numeric questions whose answer a reference function computes too: (kata, id) -> params -> value."""
+    import torch
+
+    from reference import causal_mask, flops_memory, scaling_variance, split_heads
+
+    fm = flops_memory
+    return {
+        ("scaling-variance", "unscaled-std"): lambda p: scaling_variance.score_std(p["d"], "none"),
+        ("scaling-variance", "linear-scale-std"): lambda p: scaling_variance.score_std(p["d"], "linear"),
+        ("causal-mask", "allowed-pairs"): lambda p: int(causal_mask.causal_mask(p["T"]).sum()),
+        ("causal-mask", "first-query-keys"): lambda p: int(causal_mask.causal_mask(p["q"], p["k"])[0].sum()),
+        ("causal-mask", "mask-bytes"): lambda p: causal_mask.causal_mask(p["T"], device="meta").nbytes,
+        ("split-heads", "head-channel"): lambda p: int(split_heads.split_heads(
+            torch.arange(p["C"]).expand(1, 1, p["C"]), p["H"])[0, p["h"], 0, p["j"]]),
+        ("split-heads", "head-stride"): lambda p: split_heads.split_heads(
+            torch.empty(2, p["T"], p["C"], device="meta"), p["H"]).stride(1),
+        ("mha", "param-count"): lambda p: fm.attention_params(p["d"], p["H"], bias=True),
+        ("mha", "layer-flops"): lambda p: fm.attention_flops(p["B"], p["T"], p["d"], p["H"]),
+        ("mha", "weights-bytes"): lambda p: fm.attention_scores_bytes(p["B"], p["H"], p["T"], bytes_per_element=4),
+        # The attention part only: the four projections are 2·B·T·C² FLOPs each.
+        ("mha-by-loop", "all-heads-flops"): lambda p: (fm.attention_flops(p["B"], p["T"], p["C"], p["H"])
+                                                       - 4 * 2 * p["B"] * p["T"] * p["C"] ** 2),
+        ("gqa", "kv-cache-bytes"): lambda p: fm.kv_cache_bytes(p["B"], p["T"], p["L"], p["Hkv"], p["hd"], 2),
+        ("gqa", "gqa-params"): lambda p: fm.attention_params(p["D"], p["H"], p["Hkv"]),
+        ("flops-memory", "score-bytes"): lambda p: fm.attention_scores_bytes(p["B"], p["H"], p["T"], 2),
+        ("flops-memory", "attention-flops"): lambda p: fm.attention_flops(p["B"], p["T"], p["D"], p["H"]),
+        ("flops-memory", "max-seq-len"): lambda p: fm.max_seq_len(p["M"] * 2**30, p["B"], p["H"], 2),
+    }
+
+
+def test_numeric_answers_agree_with_the_references_on_every_parameter_choice():
+    from graders.engine.questions import _combinations
+
+    checked = 0
+    for (slug, ident), compute in _agrees_with_the_reference().items():
+        q = next(q for q in manifest.find(slug).followups if q.id == ident)
+        for params in _combinations(q.params):
+            expected = questions.Asked(slug, q, params, ()).expected
+            assert expected == pytest.approx(compute(params), rel=1e-12), (slug, ident, params)
+            checked += 1
+    assert checked > 200
