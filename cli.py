@@ -23,7 +23,7 @@ from graders.engine.interview import plan as interview_plan
 from graders.engine.manifest import Kata, ManifestError
 from graders.engine.report import bar, render
 from graders.engine.notebook import grade_notebook, notebook
-from graders.engine.runner import DEVICES, RunnerError, grade, new_seed
+from graders.engine.runner import DEVICES, RunnerError, grade, new_seed, resolve_device
 from graders.engine.workspace import Workspace
 
 
@@ -331,8 +331,13 @@ def interview(minutes, kata_names, seed, device, workspace):
     ws = _workspace(workspace)
     chosen = _kata_list(kata_names) if kata_names else None
     seed = new_seed() if seed is None else seed
-    card = Interview(ws, interview_plan(_all_katas(), seed=seed, minutes=minutes, chosen=chosen),
-                     device=device).run()
+    drawn = interview_plan(_all_katas(), seed=seed, minutes=minutes, chosen=chosen)
+    try:
+        for kata in drawn.katas:   # no CUDA for --device cuda: say so before the clock starts
+            resolve_device(kata, device)
+        card = Interview(ws, drawn, device=device).run()
+    except RunnerError as exc:
+        raise EnvironmentProblem(str(exc)) from None
     click.echo(render_scorecard(card))
     click.echo("Saved to your history: `kata history` shows your progress, `kata next` what to practise.")
     sys.exit(0 if card["status"] == "completed" else 1)

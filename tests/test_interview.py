@@ -197,3 +197,13 @@ def test_invalid_answers_are_asked_again(tmp_path):
     assert history(tmp_path)[-1]["followups_right"] == len(p.questions)
     if any(a.question.kind == "choice" for a in p.questions):
         assert "Type one letter" in result.output
+
+
+def test_no_cuda_is_said_before_the_clock_starts(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = CliRunner().invoke(cli.main, ["interview", "--katas", "mha", "--device", "cuda", "-w", str(tmp_path)])
+    assert result.exit_code == 2 and "no CUDA device" in result.output
+    assert not (tmp_path / "interviews").exists() and not (tmp_path / ".kata").exists()

@@ -26,7 +26,7 @@ from . import release
 from .manifest import Kata
 from .questions import Asked, pick
 from .report import render
-from .runner import grade
+from .runner import RunnerError, grade
 from .workspace import Workspace
 
 CODING_POINTS, FOLLOWUP_POINTS, HINT_COST = 60, 40, 5
@@ -133,9 +133,12 @@ class Interview:
             click.echo()
             for number, asked in enumerate(plan.questions, 1):
                 self._ask(number, asked)
-        except Abandoned:
+        except (Abandoned, KeyboardInterrupt):
             status = "abandoned"
             click.secho("\nInterview abandoned: what you did so far is saved to the history.", fg="yellow")
+        except RunnerError:   # the kit cannot grade here: keep what was done, then say why
+            self.ws.history.append(self.scorecard("abandoned"))
+            raise
         card = self.scorecard(status)
         self.ws.history.append(card)
         return card
