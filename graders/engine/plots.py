@@ -244,9 +244,8 @@ def mha_heatmaps_data(learner: Learner, *, seed: int, device: str, **_) -> dict:
 
 
 def draw_heatmaps(data: dict):
-    from matplotlib.figure import Figure
-
     from matplotlib import colormaps
+    from matplotlib.figure import Figure
 
     tokens, panels = data["tokens"], data["panels"]
     figure = Figure(figsize=(3.6 * len(panels) + 1.2, 5.4), layout="constrained")

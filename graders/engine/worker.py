@@ -4,8 +4,10 @@ It is started by path as a zygote, ``python -I worker.py SOCKET_FD FRAMEWORKS``,
 environment, so it imports nothing from the kit: the trusted side imports the wire format from
 here, never the other way round. The zygote forks one worker per learner file (see ``zygote``);
 a worker runs in its own empty temporary directory holding a copy of that file and answers
-requests one at a time: load the learner's file, call a function or a method of an object it returned, read an
-attribute, describe a module. Values cross as JSON and ``.npy`` blobs, never pickle.
+requests one at a time: load the learner's file, call a function or a method of an object it
+returned, read an attribute, describe a module, time a call or measure its peak memory, and hand
+out one of the kit's own functions (KIT_FUNCTIONS) to call beside the learner's. Values cross as
+JSON and ``.npy`` blobs, never pickle.
 
 Nothing in this process is trusted. The learner's code can replace any of it; the trusted side
 parses every reply strictly and judges only plain data.
