@@ -24,7 +24,7 @@ import click
 
 from . import release
 from .manifest import Kata
-from .questions import Asked, pick
+from .questions import Asked, letter, pick
 from .report import render
 from .runner import RunnerError, grade
 from .workspace import Workspace
@@ -180,8 +180,7 @@ class Interview:
             elif "task".startswith(command):
                 click.echo(kata.readme_path.read_text(encoding="utf-8"))
             elif "done".startswith(command):
-                self.coding[kata.slug] = self._grade(kata, target, final=True)
-                click.echo(render(self.coding[kata.slug], kata))
+                self._finish(kata, target)
                 return
             elif "quit".startswith(command):
                 raise Abandoned()
@@ -197,24 +196,24 @@ class Interview:
         click.secho(f"Hint {used + 1}/{len(kata.hints)} (-{HINT_COST} points)", bold=True)
         click.echo(kata.hints[used])
 
-    def _grade(self, kata: Kata, path: Path, final: bool = False) -> dict:
-        if final:
-            click.echo(f"Grading your final {path.name} ...")
+    def _grade(self, kata: Kata, path: Path) -> dict:
         result = grade(kata, path, seed=self.check_seed, device=self.device, hidden_seed=self.check_seed)
         self.ws.record_result(kata, result)
         return result
 
+    def _finish(self, kata: Kata, path: Path):
+        """Grade ``path`` as the kata's final code: the result its scorecard line comes from."""
+        click.echo(f"Grading your final {path.name} ...")
+        self.coding[kata.slug] = self._grade(kata, path)
+        click.echo(render(self.coding[kata.slug], kata))
+
     def _final(self, kata: Kata):
         """A kata the clock stopped: grade the copy taken at the deadline (the file if the coding
-        part ended otherwise); a kata never reached scores 0."""
+        part ended otherwise). A kata never reached has no file and no result: it scores 0."""
         aside = self.folder / "at-time-up" / kata.learner_file
         path = aside if self.time_up.is_set() else self.file(kata)
-        if not path.exists():
-            self.coding[kata.slug] = {"status": "not-reached", "score": 0.0, "max_score": kata.max_score}
-            return
-        result = self._grade(kata, path, final=True)
-        click.echo(render(result, kata))
-        self.coding[kata.slug] = result
+        if path.exists():
+            self._finish(kata, path)
 
     def _ask(self, number: int, asked: Asked):
         q = asked.question
@@ -222,11 +221,11 @@ class Interview:
         click.echo(asked.text)
         if q.kind == "choice":
             letters = list("abcdef"[:len(q.options)])
-            for letter, option in zip(letters, asked.choices):
-                click.echo(f"  {letter}) {option}")
-            given = self._prompt(f"Your answer ({', '.join(letters)})").strip().lower().rstrip(")")
+            for mark, option in zip(letters, asked.choices):
+                click.echo(f"  {mark}) {option}")
+            given = letter(self._prompt(f"Your answer ({', '.join(letters)})"))
             while given not in letters:
-                given = self._prompt(f"Type one letter: {', '.join(letters)}").strip().lower().rstrip(")")
+                given = letter(self._prompt(f"Type one letter: {', '.join(letters)}"))
         else:
             given = self._prompt(f"Your answer{f' ({q.unit})' if q.unit else ''}").strip()
         right, verdict = asked.grade(given)

@@ -18,8 +18,7 @@ import numpy as np
 from .failures import CheckFailed
 from .learner import Learner, call_text, describe_value
 from .manifest import Kata
-from .runner import RunnerError, resolve_device
-from .sandbox import Sandbox, SandboxUnusable, Zygote
+from .runner import resolve_device, sandbox_for
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DPI = 150
@@ -52,23 +51,12 @@ def compute(kata: Kata, kind: str, file: Path, *, seed: int = 0, device: str = "
 
     Raises PlotFailed when the learner's code fails, RunnerError when the kit cannot run here."""
     data_of, _ = PLOTS[kata.slug, kind]
-    try:
-        zygote = Zygote([kata.framework])
-    except SandboxUnusable as exc:
-        raise RunnerError(str(exc)) from None
-    try:
-        device = resolve_device(kata, device)
-        sandbox = Sandbox(file, zygote=zygote, framework=kata.framework, module_name=kata.module,
-                          timeout_s=kata.timeout_s, import_timeout_s=kata.import_timeout_s,
-                          memory_mb=kata.memory_mb, data_limit=device != "cuda").start()
+    device = resolve_device(kata, device)
+    with sandbox_for(kata, file, device=device) as sandbox:
         try:
             data = data_of(Learner(sandbox, device=device, seed=seed), seed=seed, device=device, max_t=max_t)
         except CheckFailed as exc:
             raise PlotFailed(f"{exc.text()}\nNo plot was written: `kata check {kata.slug}` says what is wrong.") from None
-        finally:
-            sandbox.close()
-    finally:
-        zygote.close()
     return {"kata": kata.slug, "kind": kind, "device": device, **data}
 
 

@@ -100,6 +100,11 @@ def parse_answer(text: str) -> float:
     return result * multiplier
 
 
+def letter(text: str) -> str:
+    """A choice answer as typed ("B", "b)", " c ") as its lower-case letter."""
+    return text.strip().lower().rstrip(")").strip()
+
+
 def close(given: float, expected: float, rel_tol: float) -> bool:
     return math.isclose(given, expected, rel_tol=rel_tol, abs_tol=1e-12 if rel_tol else 0.0)
 
@@ -162,8 +167,7 @@ class Asked:
         q, expected = self.question, self.expected
         explain = q.explain.format(**self.params, answer=expected)
         if q.kind == "choice":
-            letter = given.strip().lower().rstrip(")").strip()
-            if letter == expected:
+            if letter(given) == expected:
                 return True, f"Right. {explain}"
             right = self.choices["abcdef".index(expected)].rstrip(".")
             return False, f"The answer is {expected}) {right}. {explain}"

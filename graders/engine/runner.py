@@ -7,6 +7,7 @@ the plugin's per-check reports, never from pytest's exit code.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
@@ -44,6 +45,30 @@ def resolve_device(kata: Kata, device: str) -> str:
     return "cpu"
 
 
+@contextlib.contextmanager
+def sandbox_for(kata: Kata, file: Path, *, device: str, zygote: Zygote | None = None):
+    """A started sandbox running ``file`` under ``kata``'s limits, forked from ``zygote`` or from
+    a zygote of its own; everything it started is closed on exit."""
+    may_use_cuda = kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
+    own_zygote = zygote is None
+    if own_zygote:
+        try:
+            zygote = Zygote([kata.framework])
+        except SandboxUnusable as exc:
+            raise RunnerError(str(exc)) from None
+    try:
+        sandbox = Sandbox(file, zygote=zygote, framework=kata.framework, module_name=kata.module,
+                          timeout_s=kata.timeout_s, import_timeout_s=kata.import_timeout_s,
+                          memory_mb=kata.memory_mb, data_limit=not may_use_cuda).start()
+        try:
+            yield sandbox
+        finally:
+            sandbox.close()
+    finally:
+        if own_zygote:
+            zygote.close()
+
+
 def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "auto",
           zygote: Zygote | None = None, hidden_seed: int | None = None, record: Store | None = None) -> dict:
     """Grade ``file`` against ``kata``; always returns a complete result (see DESIGN.md).
@@ -65,24 +90,10 @@ def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "aut
         info, book = None, Book(record=record)
         hidden_seed = new_seed() if hidden_seed is None else hidden_seed
     file = Path(file)
-    may_use_cuda = kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
-    own_zygote = zygote is None
-    if own_zygote:
-        try:
-            zygote = Zygote([kata.framework])
-        except SandboxUnusable as exc:
-            raise RunnerError(str(exc)) from None
-    sandbox = Sandbox(file, zygote=zygote, framework=kata.framework, module_name=kata.module,
-                      timeout_s=kata.timeout_s, import_timeout_s=kata.import_timeout_s,
-                      memory_mb=kata.memory_mb, data_limit=not may_use_cuda).start()
-    try:
+    with sandbox_for(kata, file, device=device, zygote=zygote) as sandbox:
         device = resolve_device(kata, device)
         reports = _run_pytest(kata, sandbox, seed=seed, device=device, hidden_seed=hidden_seed, book=book,
                               release=info)
-    finally:
-        sandbox.close()
-        if own_zygote:
-            zygote.close()
     if info is not None:
         reports.update({cid: release.hidden_report(cid, name) for cid, name in info["hidden"].items()})
     checks = [reports[cid] for cid in kata.checks]
