@@ -61,14 +61,39 @@ def _full_kit(command: str):
         raise EnvironmentProblem(release.NO_REFERENCE.format(command=command))
 
 
-def _sandbox_usable():
-    """Before grading many files: as root, the sandbox user must be able to run Python."""
-    from graders.engine.sandbox import SandboxUnusable, sandbox_uid
+def _containment_note():
+    """Self-study runs under bwrap where it can be had; otherwise one line says so."""
+    from graders.engine.sandbox import fallback_note
 
+    note = fallback_note()
+    if note:
+        click.secho(f"note: {note}", fg="yellow", err=True)
+
+
+def _grading_sandbox(no_sandbox: bool) -> bool:
+    """Before grading many files: bwrap's sandbox, or --no-sandbox said aloud; exit 2 otherwise."""
+    from graders.engine.batch import NO_SANDBOX
+    from graders.engine.sandbox import SandboxUnusable, containment, sandbox_uid
+
+    if not no_sandbox:
+        mode, why = containment()
+        if why:
+            raise EnvironmentProblem(f"{why}. Grading runs learner code only in bubblewrap's sandbox: install it "
+                                     "(`apt-get install bubblewrap`), or grade without it with --no-sandbox "
+                                     "(the grades are then not protected against cheating).")
+        return True
+    click.secho(NO_SANDBOX, fg="yellow", err=True)
     try:
-        sandbox_uid()
+        sandbox_uid(isolated=False)
     except SandboxUnusable as exc:
         raise EnvironmentProblem(str(exc)) from None
+    return False
+
+
+def _no_sandbox_option(command):
+    return click.option("--no-sandbox", is_flag=True,
+                        help="Grade without bubblewrap's sandbox (not protected against cheating; every "
+                             "result and summary.md say so).")(command)
 
 
 def _all_katas() -> tuple[Kata, ...]:
@@ -192,6 +217,7 @@ def check(kata_name, file, as_json, device, seed, workspace):
     else:
         jobs = _started(ws, kata_name)
     seed = _session_seed(seed)
+    _containment_note()
     results = []
     for kata, path in jobs:
         result = _grade_and_record(ws, kata, path, seed=seed, device=device)
@@ -228,6 +254,7 @@ def watch(kata_name, poll, interval, seed, workspace):
     ws = _workspace(workspace)
     katas = {path: kata for kata, path in _started(ws, kata_name)}
     seed = _session_seed(seed)
+    _containment_note()
     names = ", ".join(path.name for path in katas)
     click.echo(f"Watching {names}; every check uses seed {seed} (`--seed {seed}` draws the same inputs again).")
     interrupted = False
@@ -331,6 +358,7 @@ def interview(minutes, kata_names, seed, device, workspace):
     ws = _workspace(workspace)
     chosen = _kata_list(kata_names) if kata_names else None
     seed = new_seed() if seed is None else seed
+    _containment_note()
     drawn = interview_plan(_all_katas(), seed=seed, minutes=minutes, chosen=chosen)
     try:
         for kata in drawn.katas:   # no CUDA for --device cuda: say so before the clock starts
@@ -510,7 +538,8 @@ def nbgrader_init(course, assignment, kata_names):
               help="Only these katas (comma-separated or repeated); by default every kata the assignment holds.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)),
               show_default="the number of CPUs", help="Notebooks graded at the same time.")
-def nbgrader_autograde(course, assignment, kata_names, jobs):
+@_no_sandbox_option
+def nbgrader_autograde(course, assignment, kata_names, jobs, no_sandbox):
     """Grade COURSE/submitted/<student>/ASSIGNMENT/*.ipynb with the kit; scores go to the gradebook.
 
     The learners' solution cells are graded in the kit's sandbox (never in a kernel next to the
@@ -527,9 +556,9 @@ def nbgrader_autograde(course, assignment, kata_names, jobs):
     katas = [k for k in _kata_list(kata_names) if (source / f"{k.module}.ipynb").is_file()]
     if not katas:
         raise click.UsageError(f"{source} holds no kata notebook: `kata nbgrader init` writes them.")
-    _sandbox_usable()
+    sandbox = _grading_sandbox(no_sandbox)
     try:
-        results = autograde(course, assignment, katas, jobs=jobs)
+        results = autograde(course, assignment, katas, jobs=jobs, sandbox=sandbox)
     except LookupError as exc:
         raise EnvironmentProblem(str(exc)) from None
     for student, by_kata in results.items():
@@ -561,29 +590,36 @@ def _kata_list(values: tuple[str, ...]) -> list[Kata]:
               help="Where the graders run: every learner of a class on the same kind of device.")
 @click.option("--show-hidden-diagnoses", is_flag=True,
               help="Tell learners the diagnosis of a failed hidden check (never its inputs).")
-def grade_class(submissions, out, kata_names, jobs, force, seed, device, show_hidden_diagnoses):
+@_no_sandbox_option
+def grade_class(submissions, out, kata_names, jobs, force, seed, device, show_hidden_diagnoses, no_sandbox):
     """Grade a class: SUBMISSIONS/<learner>/<kata file> for every learner and kata.
 
     Writes OUT/grades.csv, OUT/summary.md (what the class got wrong) and, per learner,
     OUT/<learner>/results.json (Gradescope's format) and feedback.md. Each finished pair is saved
     at once: a second run skips pairs whose file and kit are unchanged, so an interrupted run
-    resumes. As root, learner code runs as an unprivileged user, and the kit's reference and
-    graders, SUBMISSIONS and OUT are made readable by root only.
+    resumes. Learner code runs in bubblewrap's sandbox (`apt-get install bubblewrap`), which
+    sees neither the kit nor SUBMISSIONS nor OUT; without bwrap, grading refuses to run unless
+    --no-sandbox is given.
     """
     _full_kit("grade")
-    from graders.engine.batch import Grading, protect
+    from graders.engine.batch import Grading
 
-    _sandbox_usable()
+    if seed is not None and seed in release.released_seeds():
+        raise click.BadParameter(f"a student bundle released from this kit recorded the expected values at seed "
+                                 f"{seed}: grading at it would grade against an answer key the learners hold. "
+                                 "Leave out --seed, or choose another.", param_hint="--seed")
+    sandbox = _grading_sandbox(no_sandbox)
     katas = _kata_list(kata_names)
     if out.resolve().is_relative_to(submissions.resolve()):
         raise click.BadParameter("OUT must not be inside SUBMISSIONS (it would be graded as a learner).",
                                  param_hint="--out")
     out.mkdir(parents=True, exist_ok=True)
     run = Grading(submissions, out, katas, jobs=jobs, force=force, seed=seed, device=device,
-                  show_hidden_diagnoses=show_hidden_diagnoses)
+                  show_hidden_diagnoses=show_hidden_diagnoses, sandbox=sandbox)
+    for name, why in run.refused_folders.items():
+        click.secho(f"Not graded: {name}: {why}.", fg="yellow", err=True)
     if not run.learners:
         raise click.UsageError(f"{submissions} holds no learner folders (SUBMISSIONS/<learner>/<file>.py).")
-    protect(run.protected)
     todo = run.todo()
     click.echo(f"Grading {len(run.learners)} learner(s) x {len(katas)} kata(s): {len(todo)} pair(s) to grade, "
                f"{len(run.pairs) - len(todo)} unchanged since their last grading; seed {run.seed}.", err=True)
@@ -599,11 +635,15 @@ def grade_class(submissions, out, kata_names, jobs, force, seed, device, show_hi
 
         try:
             run.run(todo, advance)
+            run.write_class_files()
         except KeyboardInterrupt:
             click.echo(f"\nInterrupted: {done} of {len(todo)} pair(s) graded and saved; "
                        "run the same command again to grade the rest.", err=True)
             sys.exit(130)
-    run.write_class_files()
+        except OSError as exc:   # a full disk, a read-only OUT: what was saved stays saved
+            raise EnvironmentProblem(f"Could not write to {out}: {exc.strerror or exc}. {done} of {len(todo)} "
+                                     "pair(s) were graded and saved; make room and run the same command again "
+                                     "to grade the rest and write the class files.") from None
     elapsed = time.perf_counter() - started
     per_pair = f", {elapsed / len(todo):.2f} s per pair" if todo else ""
     click.echo(f"Graded {len(todo)} pair(s) in {elapsed:.1f} s{per_pair}. Wrote {out / 'grades.csv'}, "
@@ -645,8 +685,9 @@ def lint(kata_name, seed):
               help="A new (or empty) folder for the student bundle.")
 @click.option("--katas", "kata_names", multiple=True, metavar="KATA[,KATA...]",
               help="Bundle only these katas (comma-separated or repeated); all by default.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="The one seed at which the bundle records expected values (its `kata check` uses it).")
+@click.option("--seed", type=int, default=release.DEFAULT_SEED, show_default=True,
+              help="The one seed at which the bundle records expected values (its `kata check` uses it); "
+                   "`kata grade` refuses it from then on.")
 def release_(out, kata_names, seed):
     """Build a student bundle: the kit without reference/, bug oracles or hidden checks.
 

@@ -79,19 +79,19 @@ def test_learner_code_cannot_read_the_reference_graders_or_protected_folders(lea
     assert not learner.can_write(str(secret)) and not (secret / "planted.py").exists()
 
 
-@as_root
 def test_a_process_that_leaves_the_group_is_killed_with_the_sandbox(learner_for):
     source = ("import os, time\ndef escape():\n    r, w = os.pipe()\n    if os.fork() == 0:\n"
-              "        os.setsid()\n        if os.fork() == 0:\n            os.write(w, str(os.getpid()).encode())\n"
+              "        os.setsid()\n        if os.fork() == 0:\n            os.write(w, b'1')\n"
               "            time.sleep(60)\n        os._exit(0)\n    return int(os.read(r, 32))\n")
     learner, sandbox = learner_for(source)
-    pid = learner.escape()
-    assert os.getpgid(pid) != os.getpgid(sandbox.proc.pid)   # it did leave the sandbox's group
+    assert learner.escape() == 1
+    tree = sandbox.proc.tree()   # pids on this side: the worker and the daemon it left
+    assert len(tree) >= 2
     sandbox.close()
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and any(map(_alive, tree)):
         time.sleep(0.05)
-    assert not _alive(pid)
+    assert not any(map(_alive, tree))
 
 
 def _alive(pid: int) -> bool:
@@ -112,16 +112,11 @@ def test_a_fork_bomb_hits_the_process_limit(learner_for):
 
 
 def test_killing_its_parent_costs_the_learner_only_that_call(learner_for):
-    # As root the zygote is out of reach (another user); otherwise it dies, and its children
-    # with it, and the next sandbox starts a fresh one.
+    # The worker is process 1 of its own pid namespace: its parent is not visible (getppid() is 0,
+    # and kill(0) signals only its own group, which process 1 ignores), so nothing dies.
     learner, _ = learner_for("import os, signal\ndef kill():\n    os.kill(os.getppid(), signal.SIGKILL)\n    return 1\n"
                              "def fine():\n    return 2\n")
-    if os.geteuid() == 0:
-        with pytest.raises(LearnerRaised, match="PermissionError"):
-            learner.kill()
-    else:
-        with pytest.raises(SandboxFailed):
-            learner.kill()
+    assert learner.kill() == 1 and learner.fine() == 2
     again, _ = learner_for("def fine():\n    return 2\n")
     assert again.fine() == 2
 

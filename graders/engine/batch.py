@@ -19,7 +19,6 @@ import multiprocessing
 import os
 import secrets
 import signal
-import stat
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -46,8 +45,34 @@ class Pair:
         return f"{self.learner}/{self.kata.slug}"
 
 
+CLASS_FILES = ("grades.csv", "summary.md")   # OUT/<learner>/ must not land on these
+NO_SANDBOX = ("WARNING: graded with --no-sandbox: learner code ran without bubblewrap's sandbox, so it "
+              "could read the kit, other learners' files and OUT. These grades are not protected against cheating.")
+
+
+def learner_folders(submissions: Path) -> tuple[list[str], dict[str, str]]:
+    """The learners of SUBMISSIONS, and the folders refused as learners (a printable name -> why).
+    A folder is a learner when it is a real folder (not a link, which could point at the kit)
+    whose name can name files in OUT and lines of grades.csv and summary.md."""
+    names, refused = [], {}
+    for path in sorted(submissions.iterdir(), key=lambda p: os.fsencode(p.name)):
+        name = path.name
+        if name.startswith(".") or not (path.is_dir() or path.is_symlink()):
+            continue
+        shown = os.fsencode(name).decode("utf-8", "backslashreplace")
+        if path.is_symlink():
+            refused[shown] = "it is a symbolic link, not a folder"
+        elif shown != name or not name.isprintable():
+            refused[repr(shown)] = "its name is not printable UTF-8 text"
+        elif name in CLASS_FILES:
+            refused[name] = f"its name is that of OUT/{name}, a file of the class's grades"
+        else:
+            names.append(name)
+    return names, refused
+
+
 def learners(submissions: Path) -> list[str]:
-    return sorted(p.name for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return learner_folders(submissions)[0]
 
 
 def atomic_write(path: Path, text: str):
@@ -109,46 +134,37 @@ def _init_process():
     torch.set_num_threads(1)   # one process per core already
 
 
-def _grade_in_process(slug: str, file: str, seed: int, device: str, protected: list[str]) -> dict:
+def _grade_in_process(slug: str, file: str, seed: int, device: str, isolated: bool) -> dict:
     from . import manifest
     from .runner import RunnerError, grade
     from .sandbox import Zygote
 
-    protect(protected)   # again: nothing may have opened them since the run began
     kata = manifest.find(slug)
     if kata.framework not in _zygotes:
-        _zygotes[kata.framework] = Zygote([kata.framework])
+        _zygotes[kata.framework] = Zygote([kata.framework], isolated=isolated)
     try:
         return grade(kata, Path(file), seed=seed, device=device, zygote=_zygotes[kata.framework])
     except RunnerError as exc:
         return unrun_result(kata, Path(file), "error", f"The kit could not grade this file: {exc}")
 
 
-# --- protection of graded runs --------------------------------------------------------------------
-
-def protect(paths):
-    """As root, make these directories root-only (mode 0700), so that the sandbox's unprivileged
-    user can read neither the kit's reference and graders nor any learner's files or grades."""
-    if os.geteuid() == 0:
-        for path in map(Path, paths):
-            if path.is_dir():
-                os.chmod(path, stat.S_IRWXU)
-
-
 # --- the run --------------------------------------------------------------------------------------
 
 class Grading:
     def __init__(self, submissions: Path, out: Path, katas: list[Kata], *, jobs: int, force: bool,
-                 seed: int | None, device: str, show_hidden_diagnoses: bool):
+                 seed: int | None, device: str, show_hidden_diagnoses: bool, sandbox: bool = True,
+                 refused: dict | None = None):
+        """``sandbox``: grade under bwrap (False: --no-sandbox). ``refused``: (learner, slug) ->
+        a sentence, for files refused before grading (a notebook that could not be read, say)."""
         self.submissions, self.out, self.katas = Path(submissions), Path(out), katas
         self.jobs, self.force, self.device = max(1, jobs), force, device
         self.seed = secrets.randbelow(2**31) if seed is None else seed
-        self.show_hidden_diagnoses = show_hidden_diagnoses
-        self.learners = learners(self.submissions)
+        self.show_hidden_diagnoses, self.sandbox = show_hidden_diagnoses, sandbox
+        self.learners, self.refused_folders = learner_folders(self.submissions)
+        self.refused = refused or {}
         self.kit = {k.slug: kit_fingerprint(k) for k in katas}
         self.pairs = [Pair(name, kata, self.submissions / name / kata.learner_file)
                       for name in self.learners for kata in katas]
-        self.protected = [ROOT / "reference", ROOT / "graders", self.submissions, self.out]
 
     def record_path(self, learner: str, slug: str) -> Path:
         return self.out / RECORDS / learner / f"{slug}.json"
@@ -179,6 +195,8 @@ class Grading:
     def refusal(self, pair: Pair) -> tuple[str, str] | None:
         """(status, message) for a file that is not graded at all, else None."""
         name = pair.kata.learner_file
+        if (pair.learner, pair.kata.slug) in self.refused:
+            return "error", self.refused[pair.learner, pair.kata.slug]
         if not pair.file.is_file():
             return "missing", f"No {name} was submitted."
         # A link out of the learner's own folder could point at the reference or a classmate's file.
@@ -219,7 +237,7 @@ class Grading:
                                          initializer=_init_process) as pool:
             # The fingerprint is taken before grading: a file changed meanwhile is graded again.
             running = {pool.submit(_grade_in_process, p.kata.slug, str(p.file), self.seed, self.device,
-                                   [str(path) for path in self.protected]):
+                                   self.sandbox):
                        (p, submission_fingerprint(p.file)) for p in pairs}
             try:
                 for future in futures.as_completed(running):
@@ -257,13 +275,18 @@ class Grading:
     def write_class_files(self):
         katas = self.all_katas()
         results = self.results()
+        # A result graded without bwrap (now or in an earlier run) warns in every class file.
+        unsandboxed = any(r.get("sandbox") == "process" for by_kata in results.values() for r in by_kata.values())
         atomic_write(self.out / "grades.csv", grades_csv(katas, results))
         for name, by_kata in results.items():
-            atomic_write(self.out / name / "results.json",
-                         json.dumps(gradescope_results(katas, by_kata, self.show_hidden_diagnoses), indent=1))
+            graded = gradescope_results(katas, by_kata, self.show_hidden_diagnoses)
+            if unsandboxed:
+                graded["output"] = f"{NO_SANDBOX}\n{graded['output']}"
+            atomic_write(self.out / name / "results.json", json.dumps(graded, indent=1))
             atomic_write(self.out / name / "feedback.md",
                          feedback_md(name, katas, by_kata, self.show_hidden_diagnoses))
-        atomic_write(self.out / "summary.md", summary_md(katas, results))
+        atomic_write(self.out / "summary.md", summary_md(katas, results, self.refused_folders,
+                                                         warning=NO_SANDBOX if unsandboxed else None))
 
 
 # --- renderings -----------------------------------------------------------------------------------
@@ -364,9 +387,10 @@ def feedback_md(name: str, katas: list[Kata], by_kata: dict, show_hidden_diagnos
     return "\n".join(lines)
 
 
-def summary_md(katas: list[Kata], results: dict) -> str:
+def summary_md(katas: list[Kata], results: dict, refused: dict | None = None, warning: str | None = None) -> str:
     n = len(results)
-    lines = ["# Class summary", "", f"{n} learner(s), {len(katas)} kata(s).", "",
+    lines = ["# Class summary", "", *([f"**{warning}**", ""] if warning else []),
+             f"{n} learner(s), {len(katas)} kata(s).", "",
              "| kata | full score | pass rate | mean score | failed | not started | error | missing |",
              "|---|---|---|---|---|---|---|---|"]
     diagnoses, checks = Counter(), Counter()
@@ -390,6 +414,9 @@ def summary_md(katas: list[Kata], results: dict) -> str:
             lines.append(f"| `{code}` | {slug} | {count} | {100 * count / n:.0f}% | {d.explain if d else ''} |")
     else:
         lines.append("No known bug was diagnosed.")
+    if refused:
+        lines += ["", "## Folders not graded", "", "| folder | why |", "|---|---|"]
+        lines += [f"| `{name}` | {why} |" for name, why in refused.items()]
     lines += ["", "## Checks failed most often (by learners who attempted the kata)", ""]
     if checks:
         lines += ["| kata | check | learners |", "|---|---|---|"]

@@ -23,6 +23,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from .batch import learners
 from .manifest import Kata
 from .notebook import cell, document, marker, solution_source
 from .plugin import check_names, hidden_grader
@@ -122,15 +123,17 @@ def submissions(course: Path, assignment: str, katas: list[Kata]) -> dict[str, d
     """student -> {kata slug: submitted notebook}."""
     root = course / "submitted"
     found = {}
-    for student in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
-        folder = student / assignment
+    # Students are the folders a class run accepts as learners (no links, printable names).
+    for name in learners(root) if root.is_dir() else []:
+        folder = root / name / assignment
         if folder.is_dir():
-            found[student.name] = {k.slug: folder / f"{k.module}.ipynb" for k in katas
+            found[name] = {k.slug: folder / f"{k.module}.ipynb" for k in katas
                                    if (folder / f"{k.module}.ipynb").is_file()}
     return found
 
 
-def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, progress=lambda pair, result: None):
+def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sandbox: bool = True,
+              progress=lambda pair, result: None):
     """Grade the submitted notebooks with the kit and write the scores into nbgrader's gradebook."""
     from nbgrader.api import Gradebook, MissingEntry
 
@@ -140,6 +143,7 @@ def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, pr
     if not found:
         raise LookupError(f"no submissions in {course / 'submitted'}/<student>/{assignment}/.")
     out = course / "kata" / assignment   # the kit's records, feedback.md and results per student
+    refused = {}   # (student, slug) -> why the notebook was not graded
     with tempfile.TemporaryDirectory(prefix="kata-nbgrader-") as tmp:
         subs = Path(tmp)
         for student, notebooks in found.items():
@@ -147,12 +151,13 @@ def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, pr
             for kata in katas:
                 try:
                     source = solution_source(notebooks[kata.slug]) if kata.slug in notebooks else None
-                except ValueError:   # no solution cell left in it: nothing to grade, as if missing
+                except ValueError as exc:   # unreadable, or no solution cell left: refused with the reason
+                    refused[student, kata.slug] = f"Your notebook was not graded: {exc}"
                     source = None
                 if source is not None:
                     (subs / student / kata.learner_file).write_text(source, encoding="utf-8")
         run = Grading(subs, out, katas, jobs=jobs, force=False, seed=None, device="cpu",
-                      show_hidden_diagnoses=False)
+                      show_hidden_diagnoses=False, sandbox=sandbox, refused=refused)
         run.run(run.todo(), progress)
         run.write_class_files()
         results = run.results()

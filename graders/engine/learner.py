@@ -209,6 +209,7 @@ class Learner:
                 return value, args_after, kwargs_after
             return value
         except (KeyError, IndexError, TypeError, ValueError) as exc:
+            self._sandbox.restart()   # a worker that sends malformed values is not trusted again
             raise SandboxFailed(f"The sandbox sent a malformed value ({exc}).", call=what) from None
 
     def _encode(self, value, blobs):
@@ -322,11 +323,20 @@ def _npy(array, blobs):
 
 
 def _array(blob) -> np.ndarray:
-    # read_array only understands the .npy format: no archives, no pickles.
-    array = np.lib.format.read_array(io.BytesIO(blob), allow_pickle=False)
-    if type(array) is not np.ndarray or array.dtype.hasobject:
-        raise ValueError("not a plain array")
-    return array
+    """A plain numeric array from a .npy blob, whose header must describe exactly the bytes that
+    follow it: a forged header cannot make this process allocate more than the blob it read."""
+    stream = io.BytesIO(blob)
+    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                   (2, 0): np.lib.format.read_array_header_2_0}.get(np.lib.format.read_magic(stream))
+    if read_header is None:
+        raise ValueError("unsupported .npy version")
+    shape, fortran, dtype = read_header(stream, max_header_size=4096)
+    if dtype.hasobject or dtype.kind not in "biufc" or dtype.names is not None or dtype.subdtype is not None:
+        raise ValueError(f"not a plain numeric array ({dtype})")
+    data = memoryview(blob)[stream.tell():]
+    if math.prod(shape) * dtype.itemsize != len(data):
+        raise ValueError("array header does not match its data")
+    return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C").copy()
 
 
 def _torch_dtype(torch, name):

@@ -64,11 +64,14 @@ def solution_source(path: Path) -> str:
     try:
         nb = json.loads(Path(path).read_text(encoding="utf-8"))
         cells = [c for c in nb["cells"] if c.get("cell_type") == "code" and _is_solution(c)]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path} is not a readable notebook ({exc}).") from None
+        code = "\n\n".join(_plain_python(_text(c["source"])) for c in cells) + "\n"
+    # A learner's notebook can be any JSON: malformed metadata or nesting refuses this notebook only.
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise ValueError(f"{Path(path).name} is not a readable notebook ({type(exc).__name__}: "
+                         f"{str(exc)[:200]}).") from None
     if not cells:
         raise ValueError(f"{path} has no solution cell: tag the cell holding your code `{SOLUTION_TAG}`.")
-    return "\n\n".join(_plain_python(_text(c["source"])) for c in cells) + "\n"
+    return code
 
 
 def _plain_python(source: str) -> str:

@@ -9,6 +9,7 @@ skipped: they run when an instructor grades. ``bundle.json`` there marks a kit a
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from functools import cache
@@ -26,8 +27,32 @@ NO_REFERENCE = ("This is a student bundle: it does not include the reference sol
                 "so `kata {command}` cannot run here. Ask your instructor, or use the full kit.")
 
 
+DEFAULT_SEED = 0   # `kata release`'s seed when none is given
+
+
 class ReleaseError(Exception):
     """The bundle could not be built (the message says why)."""
+
+
+def _released_path() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "attention-katas" / "released-seeds.json"
+
+
+def released_seeds() -> set[int]:
+    """Seeds that bundles released by this user recorded, and the default one: a bundle holds
+    its public checks' expected values at that seed, an answer key for grading at it."""
+    try:
+        seeds = json.loads(_released_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        seeds = []
+    return {DEFAULT_SEED, *(s for s in seeds if type(s) is int)} if isinstance(seeds, list) else {DEFAULT_SEED}
+
+
+def remember_release(seed: int):
+    path = _released_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(sorted(released_seeds() | {seed})), encoding="utf-8")
 
 
 @cache
@@ -66,9 +91,10 @@ def build(out: Path, katas: list[Kata], *, seed: int, progress=lambda text: None
         raise ReleaseError(f"{out} is not empty: choose a new folder for the bundle.")
     if bundle_info() is not None:
         raise ReleaseError(NO_REFERENCE.format(command="release"))
+    remember_release(seed)   # first: even a bundle that fails half-way may have been copied
     _copy_kit(out, katas)
     (out / "graders" / "recorded").mkdir()
-    with Zygote({k.framework for k in katas}) as zygote, tempfile.TemporaryDirectory(prefix="kata-release-") as tmp:
+    with Zygote({k.framework for k in katas}, isolated=None) as zygote, tempfile.TemporaryDirectory(prefix="kata-release-") as tmp:
         for kata in katas:
             bugs, store = Bugs(kata), Store()
             path = Path(tmp) / kata.learner_file

@@ -48,12 +48,13 @@ def resolve_device(kata: Kata, device: str) -> str:
 @contextlib.contextmanager
 def sandbox_for(kata: Kata, file: Path, *, device: str, zygote: Zygote | None = None):
     """A started sandbox running ``file`` under ``kata``'s limits, forked from ``zygote`` or from
-    a zygote of its own; everything it started is closed on exit."""
+    a zygote of its own (under bwrap where it can be had: self-study falls back to a plain
+    process, see ``sandbox.fallback_note``); everything it started is closed on exit."""
     may_use_cuda = kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
     own_zygote = zygote is None
     if own_zygote:
         try:
-            zygote = Zygote([kata.framework])
+            zygote = Zygote([kata.framework], isolated=None, cuda=may_use_cuda)
         except SandboxUnusable as exc:
             raise RunnerError(str(exc)) from None
     try:
@@ -106,6 +107,7 @@ def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "aut
         "seed": seed,
         "hidden_seed": hidden_seed,
         "device": device,
+        "sandbox": "bwrap" if sandbox.zygote.isolated else "process",
         "duration_s": round(time.perf_counter() - started, 3),
         "checks": [{k: v for k, v in c.items() if k != "not_started"} for c in checks],
         "diagnoses": list(dict.fromkeys(c["diagnosis"] for c in checks if c["diagnosis"])),

@@ -2,11 +2,16 @@
 
 A ``Zygote`` is a clean ``python -I`` process that has imported NumPy and torch and runs nothing
 else; it forks one worker per learner file, so a sandbox costs a fork, not an interpreter start.
-One ``Sandbox`` serves one learner file. Its worker runs in its own session (process group), in
-an empty temporary directory holding a copy of the learner's file, with a scrubbed environment,
-a data-size limit and a per-request deadline; as root, it runs as an unprivileged user of its
-own. A request that outlives its deadline, a worker that dies or that sends something that is not
-a well-formed reply gets the process group killed; the next request forks a fresh worker.
+Where bubblewrap is installed the zygote runs inside ``bwrap`` (see bwrap.py: a read-only view of
+Python and the worker's packages, nothing of the kit, the checkout or the class) and forks each
+worker into fresh pid, mount, network, IPC and UTS namespaces with private, size-capped /tmp and
+/dev/shm; without it ("process" containment, for `kata check` or `--no-sandbox`) the worker only
+runs in a session of its own and, as root, as an unprivileged user.
+
+One ``Sandbox`` serves one learner file, with a scrubbed environment, a data-size limit, a cap on
+the memory of its whole process tree and a per-request deadline. A request that outlives its
+deadline, a worker that dies or that sends something that is not a well-formed, bounded reply
+gets the worker killed; the next request forks a fresh worker.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import bwrap
 from . import worker as wire
 
 WORKER = Path(wire.__file__)
@@ -94,41 +100,82 @@ def unreadable_for(uid: int) -> list[str]:
     return lines
 
 
-def sandbox_uid() -> int | None:
+def sandbox_uid(isolated: bool = True) -> int | None:
     """The unprivileged user this process's sandboxes run as when it is root (else None).
-    Raises SandboxUnusable when that user could not import Python's own modules."""
+
+    Under bwrap that user reads Python through bwrap's own folders, whatever the folders above
+    the installation allow. Without bwrap it reads the real folders: raises SandboxUnusable when
+    it could not import Python's own modules from them."""
     if os.geteuid() != 0:
         return None
     uid = SANDBOX_UID_BASE + os.getpid() % SANDBOX_UIDS
+    if isolated:
+        return uid
     missing = unreadable_for(uid)
     if missing:
         raise SandboxUnusable(
             "Running as root, learner code runs as an unprivileged user, who cannot read "
-            f"{', '.join(missing)}. Make Python's installation readable by all users (for example "
-            "`chmod o+x` on the folders above it, or a virtual environment outside /root) and run again.")
+            f"{', '.join(missing)}. Install bubblewrap (`{bwrap.INSTALL}`), or make Python's installation "
+            "readable by all users (for example `chmod o+x` on the folders above it, or a virtual "
+            "environment outside /root), and run again.")
     return uid
+
+
+def containment() -> tuple[str, str | None]:
+    """("bwrap", None) where bubblewrap can make sandboxes here, else ("process", why not)."""
+    problem = bwrap.problem()
+    return ("process", problem) if problem else ("bwrap", None)
+
+
+def fallback_note() -> str | None:
+    """The one line that says a self-study check runs without bubblewrap, and why (else None)."""
+    mode, why = containment()
+    if mode == "bwrap":
+        return None
+    note = f"{why}: learner code runs in a separate process only, without bubblewrap's sandbox."
+    try:
+        sandbox_uid(isolated=False)
+    except SandboxUnusable:
+        note += " Running as root, it runs as root: no other user could read Python's installation."
+    return note
 
 
 class Zygote:
     """The warm parent of this process's sandbox workers (see ``worker.zygote``).
 
+    ``isolated``: run it under bwrap (True), without (False), or under bwrap where it can be had
+    (None); ``note`` then says, in one line, why it could not (see ``fallback_note``).
+
     Requests and replies alternate on one socket: a fork's reply (the child's pid) is read when
     first needed, so the zygote's ``import torch`` overlaps the caller's own imports. A zygote that
     died is started again on the next fork."""
 
-    def __init__(self, frameworks=("numpy", "torch")):
+    def __init__(self, frameworks=("numpy", "torch"), *, isolated: bool | None = True, cuda: bool = False):
         self.frameworks = ",".join(sorted(set(frameworks) | {"numpy"}))
-        self.uid = sandbox_uid()
+        self.note = None
+        if isolated is None:   # self-study: bwrap where it can be had, else a note and the fallback
+            self.note = fallback_note()
+            isolated = self.note is None
+        self.isolated, self.cuda = isolated, cuda
+        try:
+            self.uid = sandbox_uid(isolated)
+        except SandboxUnusable:
+            if self.note is None:
+                raise
+            self.uid = None
         self.proc = None
         self.pending = None   # the ForkedProcess whose pid reply is not read yet
 
     def _start(self):
         self.home = tempfile.mkdtemp(prefix="kata-zygote-")
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        if self.isolated:
+            command = bwrap.command(self.frameworks.split(","), cuda=self.cuda)
+        else:
+            command = [sys.executable, "-I", str(WORKER), self.frameworks]
         with open(Path(self.home) / "stderr", "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", str(WORKER), self.frameworks], cwd=self.home, env=scrubbed_env(self.home),
-                stdin=theirs, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+            self.proc = subprocess.Popen(command, cwd=self.home, env=scrubbed_env(self.home), stdin=theirs,
+                                         stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         theirs.close()
 
     def close(self):
@@ -148,15 +195,24 @@ class Zygote:
     def __exit__(self, *exc):
         self.close()
 
-    def fork(self, *, directory: str, framework: str, memory_mb: int, fds: list[int], stderr_fd: int):
+    def fork(self, *, directory: str, file_name: str, source: bytes, framework: str, memory_mb: int,
+             fds: list[int], stderr_fd: int):
         if self.proc is not None and self.proc.poll() is not None:
             self.close()
         if self.proc is None:
             self._start()
         self._settle()
-        request = {"op": "fork", "dir": directory, "framework": framework, "memory_mb": memory_mb,
-                   "env": scrubbed_env(directory), "uid": self.uid}
-        socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
+        # The learner's file travels as a file descriptor: an isolated worker has no path to it.
+        source_fd = os.memfd_create("learner-file")
+        try:
+            os.write(source_fd, source)
+            os.lseek(source_fd, 0, os.SEEK_SET)
+            directory = "/tmp" if self.isolated else directory
+            request = {"op": "fork", "dir": directory, "file": file_name, "framework": framework,
+                       "memory_mb": memory_mb, "env": scrubbed_env(directory), "uid": self.uid}
+            socket.send_fds(self.sock, [json.dumps(request).encode()], [*fds, source_fd])
+        finally:
+            os.close(source_fd)
         self.pending = ForkedProcess(self, stderr_fd)
         return self.pending
 
@@ -167,32 +223,41 @@ class Zygote:
     def ask(self, request: dict, timeout_s: float) -> dict:
         self._settle()
         self.sock.send(json.dumps(request).encode())
-        return self.reply(timeout_s)
+        return self.reply(timeout_s)[0]
 
-    def reply(self, timeout_s: float) -> dict:
+    def reply(self, timeout_s: float) -> tuple[dict, list[int]]:
         readable, _, _ = select.select([self.sock], [], [], timeout_s)
-        message = self.sock.recv(1 << 16) if readable else b""
+        message, fds = socket.recv_fds(self.sock, 1 << 16, 1)[:2] if readable else (b"", [])
         if not message:
             err = (Path(self.home) / "stderr").read_bytes().decode("utf-8", "replace").strip().splitlines()
             self.proc.kill()
             raise SandboxError("crash", "the sandbox could not be started"
                                + (f": {err[-1]}" if err else f" within {timeout_s:g} s."))
-        return json.loads(message)
+        reply = json.loads(message)
+        if "error" in reply:
+            raise SandboxError("crash", reply["error"])
+        return reply, fds
 
 
 class ForkedProcess:
-    """A worker forked by a Zygote, with the parts of Popen's interface the Sandbox uses."""
+    """A worker forked by a Zygote, with the parts of Popen's interface the Sandbox uses.
+
+    The zygote names the worker with a pidfd: ``pid`` is its pid here (the zygote's own pid
+    namespace may differ), ``zpid`` the zygote's."""
 
     def __init__(self, zygote: Zygote, stderr_fd: int):
         self.zygote = zygote
         self.stderr = os.fdopen(stderr_fd, "rb", buffering=0)
-        self._pid = None
+        self._pid = self.zpid = self.pidfd = None
 
     @property
     def pid(self) -> int:
         if self._pid is None:
             self.zygote.pending = None
-            self._pid = self.zygote.reply(STARTUP_TIMEOUT_S)["pid"]
+            reply, fds = self.zygote.reply(STARTUP_TIMEOUT_S)
+            self.zpid, self.pidfd = reply["pid"], fds[0]
+            with open(f"/proc/self/fdinfo/{self.pidfd}") as f:
+                self._pid = next(int(line.split()[1]) for line in f if line.startswith("Pid:"))
         return self._pid
 
     def poll_pid(self) -> int | None:
@@ -201,9 +266,43 @@ class ForkedProcess:
             return self.pid
         return self._pid
 
+    def kill(self):
+        """SIGKILL to the worker's process group (as the first process of its own pid namespace,
+        its death also ends every process it started)."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def wait(self, timeout_s: float = 10.0) -> int | None:
         """The exit code (negative: the signal), or None if still running after ``timeout_s``."""
-        return self.zygote.ask({"op": "wait", "pid": self.pid, "timeout_s": timeout_s}, timeout_s + 5)["code"]
+        self.pid   # the fork's reply, with the zygote's pid, is read first
+        return self.zygote.ask({"op": "wait", "pid": self.zpid, "timeout_s": timeout_s}, timeout_s + 5)["code"]
+
+    def close(self):
+        self.stderr.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+    def tree(self) -> list[int]:
+        """The worker and every process it started that is still alive (orphans included: in its
+        own pid namespace they are re-parented to it)."""
+        pids, todo = [], [self._pid]
+        while todo and len(pids) < 4096:
+            pid = todo.pop()
+            pids.append(pid)
+            try:
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{task}/children") as f:
+                        todo.extend(int(c) for c in f.read().split())
+            except (OSError, ValueError):
+                pass
+        return pids
 
 
 class Sandbox:
@@ -231,16 +330,16 @@ class Sandbox:
 
     def start(self):
         """Fork the worker; it may still be waiting for the zygote's imports when this returns."""
-        self.tmp = tempfile.mkdtemp(prefix="kata-sandbox-")
-        copy = Path(self.tmp) / self.file_name
-        copy.write_bytes(self.source_text)
-        if self.zygote.uid is not None:   # the sandbox user owns its directory and nothing else
-            for path in (self.tmp, copy):
-                os.chown(path, self.zygote.uid, self.zygote.uid)
+        # An isolated worker writes the file into its own private /tmp; otherwise it gets an
+        # empty folder of its own here (owned by the sandbox user, as root).
+        self.tmp = None if self.zygote.isolated else tempfile.mkdtemp(prefix="kata-sandbox-")
+        if self.tmp is not None and self.zygote.uid is not None:
+            os.chown(self.tmp, self.zygote.uid, self.zygote.uid)
         req_r, self.req_w = os.pipe()
         self.resp_r, resp_w = os.pipe()
         err_r, err_w = os.pipe()
-        self.proc = self.zygote.fork(directory=self.tmp, framework=self.framework,
+        self.proc = self.zygote.fork(directory=self.tmp, file_name=self.file_name, source=self.source_text,
+                                     framework=self.framework,
                                      memory_mb=self.memory_mb if self.data_limit else 0,
                                      fds=[req_r, resp_w, err_w], stderr_fd=err_r)
         for fd in (req_r, resp_w, err_w):
@@ -259,9 +358,10 @@ class Sandbox:
                     os.close(fd)
                 except OSError:
                     pass
-            self.proc.stderr.close()
+            self.proc.close()
             self.proc = None
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            if self.tmp is not None:
+                shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self):
         return self
@@ -270,12 +370,10 @@ class Sandbox:
         self.close()
 
     def _kill(self) -> int | None:
-        """Kill the worker's process group; returns its exit code if the zygote could say."""
+        """Kill the worker and what it started; returns its exit code if the zygote could say."""
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.kill()
             return self.proc.wait()
-        except (ProcessLookupError, PermissionError):
-            return None
         except SandboxError:   # the zygote is gone, and its children with it
             return None
 
@@ -380,14 +478,17 @@ class Sandbox:
                                    "of memory, so the sandbox was stopped.")
 
     def _rss_mb(self) -> float:
-        pid = self.proc.poll_pid()
-        if pid is None:
+        """Resident memory of the worker's whole process tree: a child holds memory too."""
+        if self.proc.poll_pid() is None:
             return 0.0
-        try:
-            with open(f"/proc/{pid}/statm") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-        except (OSError, IndexError, ValueError):
-            return 0.0
+        pages = 0
+        for pid in self.proc.tree():
+            try:
+                with open(f"/proc/{pid}/statm") as f:
+                    pages += int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
     def _died(self, what):
         # Its reply channel closed: it exited, or closed the channel and must be stopped.

@@ -24,7 +24,8 @@ import traceback
 import types
 
 MAX_HEADER = 16 << 20   # bytes of JSON in one frame
-MAX_BLOBS = 1 << 30     # bytes of .npy data in one frame
+MAX_BLOBS = 256 << 20   # bytes of .npy data in one frame
+MAX_DEPTH = 64          # nesting of a frame's JSON: values are decoded recursively
 OUTPUT_CAP = 16 << 10   # characters of printed output kept per request
 
 
@@ -60,13 +61,31 @@ def parse_frame(read):
     (size,) = struct.unpack(">I", read(4))
     if size > MAX_HEADER:
         raise ValueError(f"frame header of {size} bytes is larger than allowed")
-    header = json.loads(read(size))
+    try:
+        header = json.loads(read(size))
+    except RecursionError:
+        raise ValueError("frame header nested too deeply") from None
     if not isinstance(header, dict) or not isinstance(header.get("blobs"), list):
         raise ValueError("not a frame")
+    if _too_deep(header):
+        raise ValueError(f"frame header nested deeper than {MAX_DEPTH} levels")
     sizes = header["blobs"]
     if not all(type(s) is int and s >= 0 for s in sizes) or sum(sizes) > MAX_BLOBS:
         raise ValueError("frame announces invalid or oversized arrays")
     return header, [read(s) for s in sizes]
+
+
+def _too_deep(value):
+    stack = [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    return False
 
 
 def read_frame(fd, wait=None):
@@ -518,24 +537,36 @@ def limit_memory(memory_mb):
 
 
 def main(argv):
-    zygote(argv[1].split(","))
+    zygote(argv[1].split(","), isolated=argv[2:] == ["isolated"])
 
 
 # --- the zygote: fork a warm worker per learner file ----------------------------------------------
 
-UNPRIVILEGED_NPROC = 256   # processes and threads of one sandbox user: no fork bomb
-PR_SET_PDEATHSIG = 1
-CLONE_NEWNS, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x20000, 2, 4, 8, 1 << 14, 1 << 18
+NPROC = 64                  # processes and threads of one sandbox: no fork bomb
+FILE_BYTES = 64 << 20       # the largest file a worker may write
+TMP_BYTES = 64 << 20        # each of the worker's private /tmp and /dev/shm
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = (
+    0x20000, 0x4000000, 0x8000000, 0x20000000, 0x40000000)
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = (
+    1, 2, 4, 8, 32, 1024, 2048, 4096)
+MS_REC, MS_PRIVATE, MS_RELATIME = 1 << 14, 1 << 18, 1 << 21
 _libc = None
 
 
-def zygote(frameworks):
+def zygote(frameworks, isolated=False):
     """Import NumPy/torch once, then fork a worker per request, so a sandbox costs a fork, not an
     interpreter and an ``import torch``. No learner code ever runs in this process: each request
-    (a JSON message with the worker's pipes attached) gets a child that leaves this session, drops
-    to the requested user, caps its memory and serves one learner file. EOF on the socket means
-    the trusted side is gone: every child is killed. The socket is stdin, so that the command line
-    is the same whoever started the zygote (`kata check` or `kata grade`).
+    (a JSON message with the worker's pipes and the learner's file attached) gets a child that
+    becomes one sandbox worker. The reply carries a pidfd of the worker, which names it to the
+    trusted side across pid namespaces. EOF on the socket means the trusted side is gone: every
+    child is killed. The socket is stdin, so that the command line is the same whoever started
+    the zygote (`kata check` or `kata grade`).
+
+    ``isolated`` (under bwrap, see bwrap.py): each worker is the first process of fresh pid,
+    mount, network, IPC and UTS namespaces, so that everything it starts dies with it and sees
+    only its own private /proc, /tmp and /dev/shm. Otherwise (no bwrap) it only leaves this
+    session, and as root drops to its own user, whose processes are swept after it.
     """
     import socket
     import time
@@ -543,7 +574,9 @@ def zygote(frameworks):
     import numpy  # noqa: F401  (the import is the warm-up)
 
     global _libc
-    _libc = ctypes.CDLL(None)   # loaded here: a child that dropped privileges need not find it
+    _libc = ctypes.CDLL(None, use_errno=True)   # loaded here: a child that dropped privileges need not find it
+    if isolated:   # a worker's first parent exits at once: the worker is then our child
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     if "torch" in frameworks:
         import torch
         import torch.nn.functional  # noqa: F401
@@ -556,20 +589,25 @@ def zygote(frameworks):
     children = {}   # pid -> uid or None
     while True:
         try:
-            message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
+            message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 4)
         except OSError:
             break
         if not message:
             break
         request = json.loads(message)
         if request["op"] == "fork":
-            pid = os.fork()
-            if pid == 0:
-                _forked(sock, fds, request)
-            for fd in fds:
-                os.close(fd)
-            children[pid] = request.get("uid")
-            sock.send(json.dumps({"pid": pid}).encode())
+            try:
+                pid = _fork_isolated(sock, fds, request) if isolated else _fork(sock, fds, request)
+                pidfd = os.pidfd_open(pid)
+            except OSError as exc:
+                socket.send_fds(sock, [json.dumps({"error": f"the sandbox could not be made: {exc}"}).encode()], [])
+            else:
+                children[pid] = None if isolated else request.get("uid")
+                socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
+                os.close(pidfd)
+            finally:
+                for fd in fds:
+                    os.close(fd)
         elif request["op"] == "wait":
             pid, deadline = request["pid"], time.monotonic() + request["timeout_s"]
             while True:
@@ -588,6 +626,41 @@ def zygote(frameworks):
         _sweep(uid)
 
 
+def _fork(sock, fds, request):
+    pid = os.fork()
+    if pid == 0:
+        _forked(sock, fds, request, isolated=False)
+    return pid
+
+
+def _fork_isolated(sock, fds, request):
+    """Fork the worker as process 1 of new pid, mount, network, IPC and UTS namespaces: a first
+    child makes them and forks the worker, says its pid and exits, and the worker, orphaned, is
+    re-parented to this subreaper. When the worker dies, the kernel kills every process left in
+    its pid namespace: no daemon, no traced zombie outlives the pair."""
+    read_end, write_end = os.pipe()
+    first = os.fork()
+    if first == 0:
+        try:
+            os.close(read_end)
+            if _libc.unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) != 0:
+                raise OSError(ctypes.get_errno(), "unshare")
+            pid = os.fork()
+            if pid == 0:
+                os.close(write_end)
+                _forked(sock, fds, request, isolated=True)
+            os.write(write_end, str(pid).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        said = f.read()
+    os.waitpid(first, 0)
+    if not said:
+        raise OSError("the namespaces of a sandbox could not be made")
+    return int(said)
+
+
 def _sweep(uid):
     """Kill every process of a sandbox user, in case the learner's code left one running outside
     its process group (a double fork with setsid). Signal -1 as that user reaches exactly them."""
@@ -604,33 +677,49 @@ def _sweep(uid):
     os.waitpid(pid, 0)
 
 
-def _forked(sock, fds, request):
+def _forked(sock, fds, request, isolated):
     """The child: becomes one sandbox worker and never returns into the zygote's loop."""
     code = 1
     try:
         devnull = os.open(os.devnull, os.O_RDWR)
         sock.close()
         os.setsid()
-        req_fd, resp_fd, err_fd = fds
+        req_fd, resp_fd, err_fd, source_fd = fds
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)
         os.dup2(err_fd, 2)
         for fd in {devnull, err_fd} - {0, 1, 2}:
             os.close(fd)
+        uid = request.get("uid")
+        if isolated:
+            _private_mounts(uid)
         os.chdir(request["dir"])
+        with os.fdopen(source_fd, "rb") as source:
+            text = source.read()
         os.environ.clear()
         os.environ.update(request["env"])
         limit_memory(request["memory_mb"])
-        uid = request.get("uid")
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if uid is not None:
-            _private_proc()
-            resource.setrlimit(resource.RLIMIT_NPROC, (UNPRIVILEGED_NPROC, UNPRIVILEGED_NPROC))
+            if not isolated:
+                _private_proc()
+            resource.setrlimit(resource.RLIMIT_NPROC, (NPROC, NPROC))
             os.setgroups([])
             os.setgid(uid)
-            os.setuid(uid)
-        # Last: changing credentials clears the parent-death signal. A child that outlives its
-        # zygote (killed, not closed) is killed with it.
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            os.setuid(uid)   # a uid change from root clears every capability
+        elif isolated:
+            resource.setrlimit(resource.RLIMIT_NPROC, (NPROC, NPROC))
+            _drop_capabilities()
+        if isolated:
+            _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        else:
+            # Last: changing credentials clears the parent-death signal. A child that outlives its
+            # zygote (killed, not closed) is killed with it. (Isolated: bwrap's --die-with-parent
+            # and the pid namespaces do this.)
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        with open(request["file"], "wb") as copy:   # written as the sandbox user: the learner's own copy
+            copy.write(text)
         sys.setrecursionlimit(3000)
         Worker(req_fd, resp_fd, request["framework"]).serve()
         code = 0
@@ -638,6 +727,36 @@ def _forked(sock, fds, request):
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+def _mount(source, target, fstype, flags, options=None):
+    if _libc.mount(source, target, fstype, flags, options) != 0:
+        raise OSError(ctypes.get_errno(), f"mount {target.decode()}")
+
+
+def _private_mounts(uid):
+    """In the worker's own mount namespace: a /proc of its own pid namespace, and private,
+    size-capped /tmp and /dev/shm that vanish with it (owned by ``uid`` when it will drop to it)."""
+    _mount(None, b"/", None, MS_REC | MS_PRIVATE)
+    _mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    for target in (b"/tmp", b"/dev/shm"):
+        _mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV,
+               f"size={TMP_BYTES},mode=0700{owner}".encode())
+    # Everything else that bwrap left writable is shared with the next worker: read-only here.
+    # A remount must keep the mount's other flags (a user namespace may not clear them).
+    kept = os.statvfs("/dev").f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
+    if os.statvfs("/dev").f_flag & os.ST_RELATIME:
+        kept |= MS_RELATIME
+    _mount(None, b"/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+
+
+def _drop_capabilities():
+    """Drop every capability the zygote's user namespace gave this process (capset, version 3)."""
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+    data = (ctypes.c_uint32 * 6)()
+    if _libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
 
 
 def _private_proc():

@@ -1,0 +1,176 @@
+"""What a sandbox sees under bubblewrap: the ``bwrap`` command line that starts a zygote.
+
+The zygote runs in its own user (unless the caller is root), pid, mount, network, IPC and UTS
+namespaces, dies with its parent, and sees a read-only filesystem built from nothing: the
+system's libraries (/usr), the Python installation's standard library and interpreter, and of
+its site-packages only the distributions a worker imports (NumPy, torch and what they require),
+bound one by one. Every site-packages folder that lies inside a bound tree is covered by an
+empty tmpfs first, so the kit itself (``reference/``, ``graders/``), a checkout beside the
+interpreter, HOME, the class's folders and everything else simply do not exist in there. The
+zygote forks each worker into namespaces of its own (see ``worker.zygote``).
+
+As root the zygote stays root outside any user namespace (with the few capabilities it needs to
+make those namespaces) and each worker becomes an unprivileged user of its own; otherwise the
+user namespace maps the caller, and each worker drops every capability.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import re
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+INSTALL = "apt-get install bubblewrap"
+WORKER = "/kata/worker.py"   # where the worker's own source is bound, alone
+ZYGOTE_TMP_BYTES = 1 << 20   # the zygote writes nothing; each worker mounts its own /tmp
+ROOT_CAPS = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL")
+
+
+class Unavailable(Exception):
+    """bwrap is missing, or cannot make a sandbox on this machine."""
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def distributions(frameworks) -> list[importlib.metadata.Distribution]:
+    """The installed distributions the worker may import: the frameworks and everything they
+    require (extras excluded), found through the installed metadata."""
+    found, todo = {}, ["numpy", *frameworks]
+    while todo:
+        name = todo.pop()
+        if _key(name) in found:
+            continue
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found[_key(name)] = dist
+        for requirement in dist.requires or ():
+            if not re.search(r"\bextra\s*==", requirement):
+                todo.append(re.match(r"[A-Za-z0-9._-]+", requirement).group(0))
+    return list(found.values())
+
+
+def _dist_paths(dist) -> set[Path]:
+    """What to bind for one distribution: its top-level packages, its metadata folder and its
+    top-level modules (files, never the shared __pycache__ folder or .pth files)."""
+    base = Path(dist.locate_file(""))
+    files = dist.files
+    if files is None:   # no RECORD: the top-level names and the metadata folder
+        names = (dist.read_text("top_level.txt") or "").split()
+        return {p for n in names for p in (base / n, base / f"{n}.py") if p.exists()} | {Path(dist._path)}
+    paths = set()
+    for file in files:
+        parts = file.parts
+        if parts[0] == ".." or file.suffix == ".pth":
+            continue
+        top = base / parts[0]
+        if parts[0] == "__pycache__" or len(parts) == 1:
+            paths.add(base / file)
+        elif top.is_dir():
+            paths.add(top)
+    return {p for p in paths if p.exists()}
+
+
+def _inside(path: Path, trees) -> bool:
+    return any(path == tree or tree in path.parents for tree in trees)
+
+
+def command(frameworks, *, cuda: bool = False) -> list[str]:
+    """The bwrap command line that runs the zygote ``python -I WORKER FRAMEWORKS isolated``."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        raise Unavailable(f"bubblewrap (bwrap) is not installed: `{INSTALL}`")
+    root = os.geteuid() == 0
+    args = [exe, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try"]
+    if root:
+        for cap in ROOT_CAPS:
+            args += ["--cap-add", cap]
+    else:
+        args += ["--unshare-user", "--cap-add", "CAP_SYS_ADMIN"]
+    args += ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
+    args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(ZYGOTE_TMP_BYTES), "--tmpfs", "/tmp"]
+    if cuda:
+        for device in sorted(Path("/dev").glob("nvidia*")):
+            args += ["--dev-bind", str(device), str(device)]
+        args += ["--ro-bind", "/sys", "/sys"]
+
+    # The interpreter and its standard library; in a virtual environment, its pyvenv.cfg too.
+    binds = []   # (source, destination), bound read-only in this order
+    trees = [Path("/usr")]
+    import _ctypes   # an extension module: its folder is lib-dynload
+
+    for folder in sorted({Path(os.__file__).parent, Path(_ctypes.__file__).parent}):
+        if not _inside(folder, trees):
+            binds.append((folder, folder))
+            trees.append(folder)
+    interpreter = Path(sys.executable)
+    if not _inside(interpreter, trees):
+        binds.append((interpreter.resolve(), interpreter))
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        lib = Path(sysconfig.get_config_var("LIBDIR")) / sysconfig.get_config_var("INSTSONAME")
+        if lib.exists() and not _inside(lib, trees):
+            binds.append((lib.resolve(), lib))
+    if sys.prefix != sys.base_prefix:
+        binds.append((Path(sys.prefix) / "pyvenv.cfg", Path(sys.prefix) / "pyvenv.cfg"))
+
+    # Site-packages: hidden wherever they lie inside a bound tree, then the worker's distributions.
+    site_dirs = {Path(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    site_dirs |= {Path(sysconfig.get_path(key, vars=base)) for key in ("purelib", "platlib")
+                  for base in ({}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix})}
+    hidden = sorted(d for d in site_dirs if d.is_dir() and _inside(d, trees))
+    packages = [(path, path) for dist in distributions(frameworks) for path in sorted(_dist_paths(dist))]
+    worker = [(Path(__file__).with_name("worker.py"), Path(WORKER))]
+
+    # bwrap would make the folders above each destination private (0700): made readable first.
+    made = set()
+    for _, dest in binds + packages + worker:
+        for folder in reversed(dest.parents[:-1]):
+            if folder not in made and not _inside(folder, trees + hidden):
+                made.add(folder)
+                args += ["--perms", "0755", "--dir", str(folder)]
+    for source, dest in binds:
+        args += ["--ro-bind", str(source), str(dest)]
+    for folder in hidden:
+        args += ["--tmpfs", str(folder)]
+    for source, dest in packages + worker:
+        args += ["--ro-bind", str(source), str(dest)]
+    for folder in hidden:
+        args += ["--remount-ro", str(folder)]
+    args += ["--remount-ro", "/", "--chdir", "/tmp", "--", str(interpreter), "-I", WORKER, ",".join(frameworks),
+             "isolated"]
+    return args
+
+
+@functools.cache
+def problem() -> str | None:
+    """None when bwrap can make a sandbox here, else a sentence saying why not (once a process)."""
+    try:
+        args = command(["numpy"])
+    except Unavailable as exc:
+        return str(exc)
+    probe = args[:args.index("--") + 1] + ["true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap (bwrap) could not start a sandbox: {exc}"
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return f"bubblewrap (bwrap) could not start a sandbox here ({said})"
+    return None
