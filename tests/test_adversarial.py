@@ -6,11 +6,10 @@ same class. A trick may change nothing (the score equals the control's) or cost 
 it breaks the file); it never earns a point the control does not. One run grades the whole class;
 the tests below read its grades.csv, results.json files and what it left on disk.
 
-Tricks that only the sandbox's unprivileged user defeats (reading the kit or classmates, writing
-OUT, signalling the grader, surviving the sandbox) take part only when grading runs as root, as in
-CI and on Gradescope: otherwise the sandbox runs as the caller's own user, by design. As root, a
-probe learner also checks that user directly: it answers right only if it is not root and can
-read, list and write none of the kit's reference and graders, SUBMISSIONS and OUT.
+Every learner runs in bubblewrap's sandbox, as root (CI, Gradescope) and as a normal user: a
+probe learner checks it directly, answering right only if it is not root and can read, list and
+write none of the kit's reference and graders, SUBMISSIONS and OUT. Folders that are no learner (a
+link to the reference, names of the class's files, a name that is not UTF-8) stand beside them.
 """
 from __future__ import annotations
 
@@ -35,8 +34,6 @@ from graders.engine.manifest import ROOT, find
 KATA = Path(sys.executable).with_name("kata")
 CLASS = Path(__file__).with_name("adversarial")
 KATAS = ("softmax", "causal-mask", "mha")   # manifest order
-AS_ROOT = os.geteuid() == 0
-NOT_ROOT = "only grading as root (CI, Gradescope) runs the sandbox as an unprivileged user"
 MARK = "kata-adversarial"            # in every file a learner plants or forges
 DAEMON = "kata-adversarial-daemon"   # on the command line of the daemon learner's process
 PLANTED_NAMES = ("conftest.py", "results.json", "grades.csv")
@@ -47,7 +44,6 @@ CONTROLS = {"softmax": "control-softmax", "causal-mask": "control-causal", "mha"
 class Trick:
     expect: str                  # "same": the control's score, check by check; "zero"; "same-or-zero"
     control: str | None = None   # the learner with the same computation and no trick (default: CONTROLS)
-    root_only: bool = False      # defeated by the unprivileged sandbox user, which exists only as root
 
 
 TRICKS = {
@@ -66,14 +62,18 @@ TRICKS = {
     "memory-hog": Trick("zero"),   # every call is stopped by the memory cap, or it would return values
     "print-flood": Trick("same"),
     "banned-in-disguise": Trick("same", control="control-banned"),
-    "write-results": Trick("same", root_only=True),
-    "read-reference": Trick("same", root_only=True),
-    "copy-classmate": Trick("same", root_only=True),
-    "kill-parent": Trick("zero", root_only=True),
-    "daemon": Trick("same", root_only=True),
+    "write-results": Trick("same"),
+    "read-reference": Trick("same"),
+    "copy-classmate": Trick("same"),
+    "kill-parent": Trick("same"),   # its parent is out of sight: the kill reaches nothing
+    "daemon": Trick("same"),
+    "find-anywhere": Trick("same"),
+    "scratch-fill": Trick("same"),
+    "fork-hog": Trick("same-or-zero"),   # stopped by the memory cap, or the control's values
 }
-ACTIVE = [name for name, trick in TRICKS.items() if AS_ROOT or not trick.root_only]
-LEARNERS = sorted(["honest", "control-banned", *CONTROLS.values(), *ACTIVE] + (["probe"] if AS_ROOT else []))
+# Folders that are no learner: graded by no one, listed in summary.md, and the run goes on.
+ODD_FOLDERS = {"grades.csv": "honest", "summary.md": "honest"}
+LEARNERS = sorted(["honest", "control-banned", "probe", *CONTROLS.values(), *TRICKS])
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -145,8 +145,12 @@ def graded():
         shutil.copytree(CLASS / name, submissions / name, ignore=shutil.ignore_patterns("__pycache__"))
         for file in (submissions / name).glob("*.py"):
             file.write_text(file.read_text() + f"\n# class: {token}\n")
-    if AS_ROOT:
-        write_probe(submissions / "probe", submissions, out)
+    write_probe(submissions / "probe", submissions, out)
+    for name, like in ODD_FOLDERS.items():
+        shutil.copytree(CLASS / like, submissions / name, ignore=shutil.ignore_patterns("__pycache__"))
+    os.mkdir(os.path.join(os.fsencode(submissions), b"not-utf8-\xff"))
+    shutil.copy(CLASS / "honest" / "softmax.py", os.path.join(os.fsencode(submissions), b"not-utf8-\xff", b"softmax.py"))
+    (submissions / "linked").symlink_to(ROOT / "reference")   # its softmax.py is the reference
     before = snapshot(submissions)
     dirs = watched_dirs(base)
     planted_before = planted_files(dirs)
@@ -226,8 +230,6 @@ def test_the_controls_are_graded_as_written(graded):
 @pytest.mark.parametrize("learner", list(TRICKS))
 def test_no_trick_earns_a_point(graded, learner):
     trick = TRICKS[learner]
-    if learner not in ACTIVE:
-        pytest.skip(NOT_ROOT)
     unearned, unexpected = [], []
     for slug in KATAS:
         control = trick.control or CONTROLS[slug]
@@ -249,10 +251,16 @@ def test_no_trick_earns_a_point(graded, learner):
     assert not unexpected, f"{learner}: " + "; ".join(unexpected)
 
 
+def test_odd_folders_are_refused_one_by_one_and_listed(graded):
+    summary = (graded.out / "summary.md").read_text(encoding="utf-8")
+    for name in [*ODD_FOLDERS, "linked", "not-utf8-\\xff"]:
+        assert f"| `{name}` |" in summary, name
+    assert (graded.out / "grades.csv").is_file() and (graded.out / "summary.md").is_file()
+
+
 def test_submissions_are_left_byte_identical(graded):
     assert {k: v for k, v in graded.after.items() if k in graded.before} == graded.before
-    if AS_ROOT:   # the sandbox user cannot even create a file there
-        assert sorted(graded.after.keys() - graded.before.keys()) == []
+    assert sorted(graded.after.keys() - graded.before.keys()) == []
 
 
 def test_reports_stay_small_whatever_is_printed(graded):
@@ -261,7 +269,6 @@ def test_reports_stay_small_whatever_is_printed(graded):
         assert len((graded.out / learner / "feedback.md").read_bytes()) < 1_000_000, learner
 
 
-@pytest.mark.skipif(not AS_ROOT, reason=NOT_ROOT)
 def test_nothing_is_planted_or_forged_outside_the_sandbox(graded):
     """conftest.py, results.json and grades.csv that learners try to leave in the kit, the class's
     folders, OUT and the parents of all these (cleaned up by the fixture): none but in world-writable
@@ -271,13 +278,11 @@ def test_nothing_is_planted_or_forged_outside_the_sandbox(graded):
     assert sorted(name for name, data in graded.out_after.items() if MARK.encode() in data) == []
 
 
-@pytest.mark.skipif(not AS_ROOT, reason=NOT_ROOT)
 def test_no_learner_process_outlives_the_run(graded):
     assert graded.survivors == [], "the daemon learner's process survived its sandbox (ended by the test)"
     assert graded.out_later == graded.out_after, "OUT changed after `kata grade` had finished"
 
 
-@pytest.mark.skipif(not AS_ROOT, reason=NOT_ROOT)
 def test_the_sandbox_user_cannot_reach_the_kit_the_class_or_out(graded):
     """The probe answers right only when it runs unprivileged and every read, listing and write of
     the reference, the graders, the submissions and OUT is refused; else it says what it could do."""

@@ -60,10 +60,12 @@ def learner_folders(submissions: Path) -> tuple[list[str], dict[str, str]]:
         if name.startswith(".") or not (path.is_dir() or path.is_symlink()):
             continue
         shown = os.fsencode(name).decode("utf-8", "backslashreplace")
+        if not shown.isprintable():
+            shown = shown.encode("unicode_escape").decode("ascii")
         if path.is_symlink():
             refused[shown] = "it is a symbolic link, not a folder"
-        elif shown != name or not name.isprintable():
-            refused[repr(shown)] = "its name is not printable UTF-8 text"
+        elif shown != name:
+            refused[shown] = "its name is not printable UTF-8 text"
         elif name in CLASS_FILES:
             refused[name] = f"its name is that of OUT/{name}, a file of the class's grades"
         else:

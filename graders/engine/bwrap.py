@@ -30,6 +30,7 @@ INSTALL = "apt-get install bubblewrap"
 WORKER = "/kata/worker.py"   # where the worker's own source is bound, alone
 ZYGOTE_TMP_BYTES = 1 << 20   # the zygote writes nothing; each worker mounts its own /tmp
 ROOT_CAPS = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL")
+FRAMEWORKS = ("numpy", "torch")   # what the katas' learner code may import
 
 
 class Unavailable(Exception):
@@ -43,7 +44,7 @@ def _key(name: str) -> str:
 def distributions(frameworks) -> list[importlib.metadata.Distribution]:
     """The installed distributions the worker may import: the frameworks and everything they
     require (extras excluded), found through the installed metadata."""
-    found, todo = {}, ["numpy", *frameworks]
+    found, todo = {}, list(frameworks)
     while todo:
         name = todo.pop()
         if _key(name) in found:
@@ -127,15 +128,18 @@ def command(frameworks, *, cuda: bool = False) -> list[str]:
         lib = Path(sysconfig.get_config_var("LIBDIR")) / sysconfig.get_config_var("INSTSONAME")
         if lib.exists() and not _inside(lib, trees):
             binds.append((lib.resolve(), lib))
-    if sys.prefix != sys.base_prefix:
-        binds.append((Path(sys.prefix) / "pyvenv.cfg", Path(sys.prefix) / "pyvenv.cfg"))
+    for config in (interpreter.parent / "pyvenv.cfg", interpreter.parent.parent / "pyvenv.cfg"):
+        if config.is_file():   # where Python looks (sys.prefix says so only once site.py has run)
+            binds.append((config, config))
 
     # Site-packages: hidden wherever they lie inside a bound tree, then the worker's distributions.
     site_dirs = {Path(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
     site_dirs |= {Path(sysconfig.get_path(key, vars=base)) for key in ("purelib", "platlib")
                   for base in ({}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix})}
     hidden = sorted(d for d in site_dirs if d.is_dir() and _inside(d, trees))
-    packages = [(path, path) for dist in distributions(frameworks) for path in sorted(_dist_paths(dist))]
+    # Both frameworks whatever the zygote preloads: a NumPy kata's learner may import torch (and
+    # be told it is a banned API), and must not be told it is missing.
+    packages = [(path, path) for dist in distributions(FRAMEWORKS) for path in sorted(_dist_paths(dist))]
     worker = [(Path(__file__).with_name("worker.py"), Path(WORKER))]
 
     # bwrap would make the folders above each destination private (0700): made readable first.

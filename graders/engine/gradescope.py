@@ -48,6 +48,11 @@ if [ -z "$py" ]; then
     fi
 fi
 
+# Learner code runs in bubblewrap's sandbox: `kata grade` refuses to run without it.
+if ! command -v bwrap >/dev/null; then
+    apt-get update -q && apt-get install -y -q bubblewrap
+fi
+
 torch="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["torch"])' "$root/source/config.json")"
 "$py" -m venv "$venv"
 # torch from PyPI is the CUDA build (gigabytes); graders run on CPU. KATA_TORCH_INDEX_URL= (empty)

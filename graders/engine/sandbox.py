@@ -248,7 +248,7 @@ class ForkedProcess:
     def __init__(self, zygote: Zygote, stderr_fd: int):
         self.zygote = zygote
         self.stderr = os.fdopen(stderr_fd, "rb", buffering=0)
-        self._pid = self.zpid = self.pidfd = None
+        self._pid = self.zpid = self.pidfd = self.code = None   # code: once the zygote has reaped it
 
     @property
     def pid(self) -> int:
@@ -269,6 +269,8 @@ class ForkedProcess:
     def kill(self):
         """SIGKILL to the worker's process group (as the first process of its own pid namespace,
         its death also ends every process it started)."""
+        if self.code is not None:   # reaped already: its pid may name another process by now
+            return
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -280,8 +282,10 @@ class ForkedProcess:
 
     def wait(self, timeout_s: float = 10.0) -> int | None:
         """The exit code (negative: the signal), or None if still running after ``timeout_s``."""
-        self.pid   # the fork's reply, with the zygote's pid, is read first
-        return self.zygote.ask({"op": "wait", "pid": self.zpid, "timeout_s": timeout_s}, timeout_s + 5)["code"]
+        if self.code is None:
+            self.pid   # the fork's reply, with the zygote's pid, is read first
+            self.code = self.zygote.ask({"op": "wait", "pid": self.zpid, "timeout_s": timeout_s}, timeout_s + 5)["code"]
+        return self.code
 
     def close(self):
         self.stderr.close()
@@ -292,7 +296,7 @@ class ForkedProcess:
     def tree(self) -> list[int]:
         """The worker and every process it started that is still alive (orphans included: in its
         own pid namespace they are re-parented to it)."""
-        pids, todo = [], [self._pid]
+        pids, todo = [], [self.pid]
         while todo and len(pids) < 4096:
             pid = todo.pop()
             pids.append(pid)

@@ -611,7 +611,11 @@ def zygote(frameworks, isolated=False):
         elif request["op"] == "wait":
             pid, deadline = request["pid"], time.monotonic() + request["timeout_s"]
             while True:
-                done, status = os.waitpid(pid, os.WNOHANG)
+                try:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:   # not ours, or reaped already
+                    done, status = 0, 0
+                    break
                 if done or time.monotonic() > deadline:
                     break
                 time.sleep(0.005)

@@ -1,4 +1,4 @@
-# Probe (root only): a right softmax that raises instead, naming every leak, when the sandbox runs
+# Probe: a right softmax that raises instead, naming every leak, when the sandbox runs
 # as root or can read what it must not (the kit's reference and graders, the submissions, OUT, the
 # parent's open files, a neighbouring sandbox) or write where it must not. The test fills in the
 # paths of this run below; only the sandbox's own copy of this file may be readable.
@@ -20,7 +20,8 @@ def leaks():
     here = os.getcwd()
     # Neighbouring sandboxes: the folders beside this one named like it but for a random suffix.
     prefix = os.path.join(os.path.dirname(here), os.path.basename(here)[:-8])
-    others = [p for p in glob.glob(prefix + "*/*") if os.path.dirname(p) != here]
+    others = ([p for p in glob.glob(prefix + "*/*") if os.path.dirname(p) != here]
+              if os.path.basename(here).startswith("kata-sandbox-") else [])   # bwrap: a private /tmp
     for path in READ + [f"/proc/{parent}/environ"] + others:
         try:
             with open(path, "rb") as f:
