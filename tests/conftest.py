@@ -12,6 +12,13 @@ from graders.engine.runner import grade
 KATA = Path(sys.executable).with_name("kata")   # the installed console script
 
 
+@pytest.fixture(autouse=True, scope="session")
+def private_state(tmp_path_factory):
+    """`kata release` remembers released seeds in the user's state folder (and `kata grade`
+    refuses them): the tests keep theirs apart from the user's."""
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+
+
 @pytest.fixture
 def grade_source(tmp_path):
     """Grade a learner file written from ``source``; ``limits`` override the manifest's

@@ -743,16 +743,38 @@ def _private_mounts(uid):
     size-capped /tmp and /dev/shm that vanish with it (owned by ``uid`` when it will drop to it)."""
     _mount(None, b"/", None, MS_REC | MS_PRIVATE)
     _mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # A Python installed under /tmp (a CI runner's virtual environment) is bound there by bwrap:
+    # held open now, and bound again (read-only, with what is mounted inside) into the new /tmp.
+    held = [(target, os.open(target, os.O_PATH)) for target in _mounts_below("/tmp")]
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
     for target in (b"/tmp", b"/dev/shm"):
         _mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV,
                f"size={TMP_BYTES},mode=0700{owner}".encode())
+    for target, fd in held:
+        source = f"/proc/self/fd/{fd}"
+        if os.path.isdir(source):
+            os.makedirs(target, mode=0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+            open(target, "ab").close()
+        _mount(source.encode(), target.encode(), None, MS_BIND | MS_REC)
+        os.close(fd)
     # Everything else that bwrap left writable is shared with the next worker: read-only here.
     # A remount must keep the mount's other flags (a user namespace may not clear them).
     kept = os.statvfs("/dev").f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
     if os.statvfs("/dev").f_flag & os.ST_RELATIME:
         kept |= MS_RELATIME
     _mount(None, b"/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+
+
+def _mounts_below(folder):
+    """The outermost mount points inside ``folder`` (itself a mount point), from mountinfo."""
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split()[:5] for line in f]
+    # Octal escapes (\040 for a space) in mount points; the last mount on a path is the visible one.
+    unescape = lambda path: path.encode().decode("unicode_escape").encode("latin-1").decode()   # noqa: E731
+    ids = [mount_id for mount_id, _, _, _, point in mounts if unescape(point) == folder]
+    return [unescape(point) for _, parent, _, _, point in mounts if ids and parent == ids[-1]]
 
 
 def _drop_capabilities():
