@@ -183,3 +183,21 @@ def test_a_link_out_of_the_learners_folder_is_not_graded(tmp_path):
     assert run.returncode == 0, run.stderr
     assert float(grades(out)["mallory"]["total"]) == 0
     assert "link to a file outside your submission" in (out / "mallory" / "feedback.md").read_text()
+
+
+def test_a_full_disk_stops_with_a_sentence_and_the_same_command_continues(tmp_path):
+    import resource
+
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    write_class(subs)
+
+    def small_files():   # every file this run writes may hold 1 kB: the first record does not fit
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+    full = kata_grade(subs, out, preexec_fn=small_files)
+    assert full.returncode == 2, full.stderr
+    assert "Could not write to" in full.stderr and "run the same command again" in full.stderr
+    assert "Traceback" not in full.stderr
+    again = kata_grade(subs, out)
+    assert again.returncode == 0, again.stderr
+    assert set(grades(out)) == set(CLASS)

@@ -38,6 +38,9 @@ CLASS = {   # student -> {kata: solution cell code (None: the released stub unto
     "erin": {"softmax": PATCHED},
     "frank": {"mha": reference("mha")},
 }
+# Notebooks that are no notebook: refused one by one, with the reason; the class is graded.
+MALFORMED = {"grace": '{"cells": [{"cell_type": "code", "metadata": "tags", "source": 1}]}',
+             "heidi": '{"cells": ' + "[" * 50_000 + "]" * 50_000 + "}"}
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +58,12 @@ def course(tmp_path_factory):
                 cell = next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("solution"))
                 cell["source"] = "".join(cell["source"]).split("\n")[0] + "\n" + code
             (folder / f"{module}.ipynb").write_text(json.dumps(nb))
+    for student, text in MALFORMED.items():
+        folder = course / "submitted" / student / "ps1"
+        folder.mkdir(parents=True)
+        (folder / "softmax.ipynb").write_text(text)
+    (course / "submitted" / "grace" / "ps1" / "mha.ipynb").write_text(
+        (course / "submitted" / "alice" / "ps1" / "mha.ipynb").read_text())
     graded = run(KATA, "nbgrader", "autograde", course, "ps1", cwd=course)
     return course, graded
 
@@ -69,13 +78,21 @@ def test_nbgrader_export_gives_the_kits_scores(course):
     course, _ = course
     rows = exported(course)
     most = sum(find(slug).max_score for slug in KATAS)
-    assert {s: float(r["max_score"]) for s, r in rows.items()} == {s: most for s in CLASS}
+    assert {s: float(r["max_score"]) for s, r in rows.items()} == {s: most for s in [*CLASS, *MALFORMED]}
     score = {s: float(r["raw_score"]) for s, r in rows.items()}
     assert score["alice"] == most
     assert score["bob"] == score["dave"] == 0
     assert 0 < score["carol"] < find("softmax").max_score     # right except for large logits
     assert score["erin"] <= score["carol"]                      # patching numpy earns nothing
     assert score["frank"] == find("mha").max_score             # two notebooks missing
+    assert score["grace"] == find("mha").max_score and score["heidi"] == 0   # malformed: refused alone
+
+
+def test_a_malformed_notebook_is_refused_with_its_reason(course):
+    course, _ = course
+    for student in MALFORMED:
+        feedback = (course / "kata" / "ps1" / student / "feedback.md").read_text()
+        assert "softmax.ipynb is not a readable notebook" in feedback, feedback
 
 
 def test_the_released_notebooks_hold_the_stub_and_no_reference_code(course):
