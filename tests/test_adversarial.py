@@ -31,6 +31,10 @@ import pytest
 
 from graders.engine.manifest import ROOT, find
 
+from conftest import needs_bwrap
+
+pytestmark = needs_bwrap
+
 KATA = Path(sys.executable).with_name("kata")
 CLASS = Path(__file__).with_name("adversarial")
 KATAS = ("softmax", "causal-mask", "mha")   # manifest order

@@ -13,6 +13,10 @@ import pytest
 
 from graders.engine.manifest import find
 
+from conftest import needs_bwrap
+
+pytestmark = needs_bwrap
+
 KATA = Path(sys.executable).with_name("kata")
 KATAS = "softmax,causal-mask"
 REFERENCE = Path(__file__).resolve().parents[1] / "reference"

@@ -13,8 +13,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from conftest import KATA
+from conftest import KATA, needs_bwrap
 from graders.engine.manifest import find
+
+pytestmark = needs_bwrap
 
 KATAS = [find("softmax"), find("causal-mask")]
 MAX_SCORE = sum(k.max_score for k in KATAS)

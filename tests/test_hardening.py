@@ -19,6 +19,10 @@ from graders.engine.manifest import ROOT
 from graders.engine.sandbox import Sandbox, Zygote
 from graders.engine.worker import encode_frame
 
+from conftest import needs_bwrap
+
+pytestmark = needs_bwrap
+
 AS_ROOT = os.geteuid() == 0
 OTHER_UID = 64123   # the non-root user the kit runs as when the tests run as root
 

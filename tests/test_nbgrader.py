@@ -12,6 +12,10 @@ import pytest
 
 from graders.engine.manifest import find
 
+from conftest import needs_bwrap
+
+pytestmark = needs_bwrap
+
 KATA = Path(sys.executable).with_name("kata")
 KATAS = ("softmax", "causal-mask", "mha")
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}   # nbgrader runs alembic

@@ -157,7 +157,7 @@ def test_peak_bytes_counts_live_tensors_on_the_cpu(tmp_path):
                     "    for _ in range(10):\n"
                     "        x = x + 1   # the old x is freed once the new one exists\n"
                     "    return x\n")
-    with Zygote(["torch"]) as zygote, Sandbox(path, zygote=zygote, framework="torch", module_name="mod",
+    with Zygote(["torch"], isolated=None) as zygote, Sandbox(path, zygote=zygote, framework="torch", module_name="mod",
                                               timeout_s=10, import_timeout_s=10, memory_mb=1024).start() as sandbox:
         learner = Learner(sandbox)
         assert learner.peak_bytes(learner.chain, n) == 2 * 4 * n   # two float32 vectors, never eleven

@@ -103,14 +103,14 @@ def test_bundle_diagnoses_every_bug_as_the_full_kit_does(bundle, tmp_path, slug)
     # One interpreter grades every bug in the bundle: a `kata check` per bug would import torch each time.
     script = ("import json, sys\nfrom graders.engine.manifest import find\nfrom graders.engine.runner import grade\n"
               "from graders.engine.sandbox import Zygote\nkata = find(sys.argv[1])\n"
-              "with Zygote([kata.framework]) as zygote:\n"
+              "with Zygote([kata.framework], isolated=None) as zygote:\n"
               "    for path in sys.argv[2:]:\n"
               "        print(json.dumps(grade(kata, path, seed=%d, device='cpu', zygote=zygote)))\n" % SEED)
     run = isolated(bundle, script, slug, *map(str, paths.values()))
     assert run.returncode == 0, run.stderr
     replayed = dict(zip(paths, map(json.loads, run.stdout.splitlines())))
     public = set(kata.checks) - set(hidden_checks(kata))
-    with Zygote([kata.framework]) as zygote:
+    with Zygote([kata.framework], isolated=None) as zygote:
         for code, path in paths.items():
             full = grade(kata, path, seed=SEED, device="cpu", zygote=zygote)
             expected = {c["id"]: (c["status"], c["diagnosis"]) for c in full["checks"] if c["id"] in public}

@@ -89,7 +89,7 @@ def command(frameworks, *, cuda: bool = False) -> list[str]:
     """The bwrap command line that runs the zygote ``python -I WORKER FRAMEWORKS isolated``."""
     exe = shutil.which("bwrap")
     if exe is None:
-        raise Unavailable(f"bubblewrap (bwrap) is not installed: `{INSTALL}`")
+        raise Unavailable(f"bubblewrap (bwrap) is not installed (`{INSTALL}`)")
     root = os.geteuid() == 0
     args = [exe, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try"]

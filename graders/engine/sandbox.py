@@ -132,7 +132,7 @@ def fallback_note() -> str | None:
     mode, why = containment()
     if mode == "bwrap":
         return None
-    note = f"{why}: learner code runs in a separate process only, without bubblewrap's sandbox."
+    note = f"{why}; learner code runs in a separate process only, without bubblewrap's sandbox."
     try:
         sandbox_uid(isolated=False)
     except SandboxUnusable:
