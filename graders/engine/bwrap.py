@@ -15,6 +15,8 @@ user namespace maps the caller, and each worker drops every capability.
 """
 from __future__ import annotations
 
+import _ctypes   # an extension module: its folder is lib-dynload, which the worker needs
+import csv
 import functools
 import importlib.metadata
 import os
@@ -62,22 +64,20 @@ def distributions(frameworks) -> list[importlib.metadata.Distribution]:
 
 def _dist_paths(dist) -> set[Path]:
     """What to bind for one distribution: its top-level packages, its metadata folder and its
-    top-level modules (files, never the shared __pycache__ folder or .pth files)."""
+    top-level modules (files, never the shared __pycache__ folder or .pth files). RECORD is read
+    as text: torch's lists tens of thousands of files, too many for ``dist.files`` at each check."""
     base = Path(dist.locate_file(""))
-    files = dist.files
-    if files is None:   # no RECORD: the top-level names and the metadata folder
+    record = dist.read_text("RECORD")
+    if record is None:   # no RECORD: the top-level names and the metadata folder
         names = (dist.read_text("top_level.txt") or "").split()
         return {p for n in names for p in (base / n, base / f"{n}.py") if p.exists()} | {Path(dist._path)}
     paths = set()
-    for file in files:
-        parts = file.parts
-        if parts[0] == ".." or file.suffix == ".pth":
+    for line in record.splitlines():
+        name = next(csv.reader([line]))[0] if line.startswith('"') else line.split(",", 1)[0]
+        parts = name.split("/")
+        if parts[0] == ".." or name.endswith(".pth"):
             continue
-        top = base / parts[0]
-        if parts[0] == "__pycache__" or len(parts) == 1:
-            paths.add(base / file)
-        elif top.is_dir():
-            paths.add(top)
+        paths.add(base / name if parts[0] == "__pycache__" or len(parts) == 1 else base / parts[0])
     return {p for p in paths if p.exists()}
 
 
@@ -90,15 +90,26 @@ def command(frameworks, *, cuda: bool = False) -> list[str]:
     exe = shutil.which("bwrap")
     if exe is None:
         raise Unavailable(f"bubblewrap (bwrap) is not installed (`{INSTALL}`)")
-    root = os.geteuid() == 0
     args = [exe, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try"]
-    if root:
+    if os.geteuid() == 0:
         for cap in ROOT_CAPS:
             args += ["--cap-add", cap]
     else:
         args += ["--unshare-user", "--cap-add", "CAP_SYS_ADMIN"]
-    args += ["--ro-bind", "/usr", "/usr"]
+    args += _view()
+    if cuda:
+        for device in sorted(Path("/dev").glob("nvidia*")):
+            args += ["--dev-bind", str(device), str(device)]
+        args += ["--ro-bind", "/sys", "/sys"]
+    return args + ["--remount-ro", "/", "--chdir", "/tmp", "--", sys.executable, "-I", WORKER, ",".join(frameworks),
+                   "isolated"]
+
+
+@functools.cache
+def _view() -> list[str]:
+    """The filesystem's part of the command line (once a process: it reads the packages' RECORDs)."""
+    args = ["--ro-bind", "/usr", "/usr"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         path = Path("/") / name
         if path.is_symlink():
@@ -107,16 +118,10 @@ def command(frameworks, *, cuda: bool = False) -> list[str]:
             args += ["--ro-bind", str(path), str(path)]
     args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     args += ["--proc", "/proc", "--dev", "/dev", "--size", str(ZYGOTE_TMP_BYTES), "--tmpfs", "/tmp"]
-    if cuda:
-        for device in sorted(Path("/dev").glob("nvidia*")):
-            args += ["--dev-bind", str(device), str(device)]
-        args += ["--ro-bind", "/sys", "/sys"]
 
     # The interpreter and its standard library; in a virtual environment, its pyvenv.cfg too.
     binds = []   # (source, destination), bound read-only in this order
     trees = [Path("/usr")]
-    import _ctypes   # an extension module: its folder is lib-dynload
-
     for folder in sorted({Path(os.__file__).parent, Path(_ctypes.__file__).parent}):
         if not _inside(folder, trees):
             binds.append((folder, folder))
@@ -157,8 +162,6 @@ def command(frameworks, *, cuda: bool = False) -> list[str]:
         args += ["--ro-bind", str(source), str(dest)]
     for folder in hidden:
         args += ["--remount-ro", str(folder)]
-    args += ["--remount-ro", "/", "--chdir", "/tmp", "--", str(interpreter), "-I", WORKER, ",".join(frameworks),
-             "isolated"]
     return args
 
 
