@@ -144,7 +144,7 @@ def _grade_in_process(slug: str, file: str, seed: int, device: str, isolated: bo
     kata = manifest.find(slug)
     if kata.framework not in _zygotes:
         cuda = kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
-        _zygotes[kata.framework] = Zygote([kata.framework], isolated=isolated, cuda=cuda)
+        _zygotes[kata.framework] = Zygote([kata.framework], isolated=isolated, cuda=cuda, warm=True)
     try:
         return grade(kata, Path(file), seed=seed, device=device, zygote=_zygotes[kata.framework])
     except RunnerError as exc:

@@ -85,8 +85,8 @@ def _inside(path: Path, trees) -> bool:
     return any(path == tree or tree in path.parents for tree in trees)
 
 
-def command(frameworks, *, cuda: bool = False) -> list[str]:
-    """The bwrap command line that runs the zygote ``python -I WORKER FRAMEWORKS isolated``."""
+def command(frameworks, *, cuda: bool = False, warm: bool = False) -> list[str]:
+    """The bwrap command line that runs the zygote ``python -I WORKER FRAMEWORKS isolated [warm]``."""
     exe = shutil.which("bwrap")
     if exe is None:
         raise Unavailable(f"bubblewrap (bwrap) is not installed (`{INSTALL}`)")
@@ -103,7 +103,7 @@ def command(frameworks, *, cuda: bool = False) -> list[str]:
             args += ["--dev-bind", str(device), str(device)]
         args += ["--ro-bind", "/sys", "/sys"]
     return args + ["--remount-ro", "/", "--chdir", "/tmp", "--", sys.executable, "-I", WORKER, ",".join(frameworks),
-                   "isolated"]
+                   "isolated", *(["warm"] if warm else [])]
 
 
 @functools.cache

@@ -94,7 +94,7 @@ def build(out: Path, katas: list[Kata], *, seed: int, progress=lambda text: None
     remember_release(seed)   # first: even a bundle that fails half-way may have been copied
     _copy_kit(out, katas)
     (out / "graders" / "recorded").mkdir()
-    with Zygote({k.framework for k in katas}, isolated=None) as zygote, tempfile.TemporaryDirectory(prefix="kata-release-") as tmp:
+    with Zygote({k.framework for k in katas}, isolated=None, warm=True) as zygote, tempfile.TemporaryDirectory(prefix="kata-release-") as tmp:
         for kata in katas:
             bugs, store = Bugs(kata), Store()
             path = Path(tmp) / kata.learner_file

@@ -144,19 +144,21 @@ class Zygote:
     """The warm parent of this process's sandbox workers (see ``worker.zygote``).
 
     ``isolated``: run it under bwrap (True), without (False), or under bwrap where it can be had
-    (None); ``note`` then says, in one line, why it could not (see ``fallback_note``).
+    (None); ``note`` then says, in one line, why it could not (see ``fallback_note``). ``warm``:
+    the zygote also loads what every sandbox would otherwise load for itself (for many sandboxes).
 
     Requests and replies alternate on one socket: a fork's reply (the child's pid) is read when
     first needed, so the zygote's ``import torch`` overlaps the caller's own imports. A zygote that
     died is started again on the next fork."""
 
-    def __init__(self, frameworks=("numpy", "torch"), *, isolated: bool | None = True, cuda: bool = False):
+    def __init__(self, frameworks=("numpy", "torch"), *, isolated: bool | None = True, cuda: bool = False,
+                 warm: bool = False):
         self.frameworks = ",".join(sorted(set(frameworks) | {"numpy"}))
         self.note = None
         if isolated is None:   # self-study: bwrap where it can be had, else a note and the fallback
             self.note = fallback_note()
             isolated = self.note is None
-        self.isolated, self.cuda = isolated, cuda
+        self.isolated, self.cuda, self.warm = isolated, cuda, warm
         try:
             self.uid = sandbox_uid(isolated)
         except SandboxUnusable:
@@ -169,10 +171,11 @@ class Zygote:
     def _start(self):
         self.home = tempfile.mkdtemp(prefix="kata-zygote-")
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        flags = ["warm"] if self.warm else []
         if self.isolated:
-            command = bwrap.command(self.frameworks.split(","), cuda=self.cuda)
+            command = bwrap.command(self.frameworks.split(","), cuda=self.cuda, warm=self.warm)
         else:
-            command = [sys.executable, "-I", str(WORKER), self.frameworks]
+            command = [sys.executable, "-I", str(WORKER), self.frameworks, *flags]
         with open(Path(self.home) / "stderr", "wb") as err:
             self.proc = subprocess.Popen(command, cwd=self.home, env=scrubbed_env(self.home), stdin=theirs,
                                          stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
