@@ -243,9 +243,10 @@ def test_no_trick_earns_a_point(graded, learner):
         assert got.keys() == want.keys()
         unearned += [f"{name}: {got[name]['score']:g} where {control} has {want[name]['score']:g}\n"
                      f"    {got[name]['output'][:300]}" for name in got if got[name]["score"] > want[name]["score"]]
-        # Code that hides its calls (importlib, sys.modules, ...) loses the banned-api point too.
+        # Code that hides its calls (importlib, sys.modules, ...) loses its structure checks' points too.
         same = all(got[name]["score"] == want[name]["score"]
-                   or (got[name]["score"] < want[name]["score"] and "banned-api" in got[name]["output"])
+                   or (got[name]["score"] < want[name]["score"]
+                       and any(code in got[name]["output"] for code in ("banned-api", "tampering")))
                    for name in got)
         zero = all(test["score"] == 0 for test in got.values())
         if not {"same": same, "zero": zero, "same-or-zero": same or zero}[trick.expect]:
