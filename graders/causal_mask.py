@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from graders.engine import expect
-from graders.engine.structure import banned_used
+from graders.engine.structure import banned_used, check_untampered
 
 B, H, D, DV = 2, 3, 4, 10   # H != head_dim, and v's width differs from q/k's and from every T used
 
@@ -232,12 +232,12 @@ def test_causal_and_padding_combined(learner, bugs, kata, rng, device):
 
 def test_banned_api(learner, bugs, kata, rng, device):
     """no library attention: masks and attention written with tensor operations"""
-    q, k, v = qkv(rng, (B, H), 5, 5)
     mask = bugs.reference.causal_mask(5)
-    learner.masked_attention(q, k, v, mask=mask)   # first call: lets lazy imports happen before recording
-    with learner.recording() as ops:
-        learner.causal_mask(5)
-        learner.padding_mask(torch.tensor([5, 3]), 5)
+    learner.masked_attention(*qkv(rng, (B, H), 5, 5), mask=mask)   # first call: lazy imports happen before recording
+    q, k, v = qkv(rng, (B, H), 5, 5)   # fresh: no earlier call saw it, so memoised outputs cannot skip the ops
+    with learner.recording() as ops:   # the masks too: 10 keys is a size no other call uses
+        learner.causal_mask(5, 10)
+        learner.padding_mask(torch.from_numpy(rng.integers(1, 11, size=B)), 10)
         result = learner.masked_attention(q, k, v, mask=mask)
     used = banned_used(learner.source, ops, kata.banned)
     call = "masked_attention(q, k, v, mask=causal_mask(5))"
@@ -248,3 +248,4 @@ def test_banned_api(learner, bugs, kata, rng, device):
     check_attention(result, bugs.reference.masked_attention(q, k, v, mask), call=call, case=tensors_case(q, k, v, mask),
                     tol=tol, device=device,
                     diagnose=lambda: diagnose_attention(bugs, result, q, k, v, mask, tol))
+    check_untampered(learner.source, call=call)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from graders.engine import expect
 from graders.engine.failures import LearnerRaised
 from graders.engine.recording import recorded
-from graders.engine.structure import banned_used
+from graders.engine.structure import banned_used, check_untampered
 
 # (B, T, d_model, n_heads, n_kv_heads): groups of 3 over 2 KV heads and of 2 over 4, so tiling the
 # KV heads instead of interleaving them sends most query heads to the wrong KV head; head_dim (4, 5)
@@ -212,9 +212,10 @@ def test_banned_api(learner, bugs, kata, rng, device):
     B, T, d, H, Hkv = CONFIGS[0]
     call = f"GroupedQueryAttention({d}, {H}, {Hkv})(x, causal=True)"
     case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H, Hkv=Hkv) + "; eval mode"
-    sd, x = weights(rng, d, H, Hkv), normal(rng, B, T, d)
+    sd = weights(rng, d, H, Hkv)
     m = build(learner, device, sd, H, Hkv)
-    m(x, causal=True)   # first call: lets lazy imports happen before recording
+    m(normal(rng, B, T, d), causal=True)   # first call: lets lazy imports happen before recording
+    x = normal(rng, B, T, d)   # fresh: no earlier call saw it, so memoised outputs cannot skip the ops
     with learner.recording() as ops:
         got = m(x, causal=True)
     used = banned_used(learner.source, ops, kata.banned)
@@ -227,3 +228,4 @@ def test_banned_api(learner, bugs, kata, rng, device):
                  against=SDPA.format(causal=True), **tol,
                  diagnose=lambda: bugs.match(got, lambda impl: trusted(impl.GroupedQueryAttention, sd, H, Hkv, x, True),
                                              **tol))
+    check_untampered(learner.source, call=call, case=case)

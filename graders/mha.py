@@ -8,7 +8,7 @@ from graders.engine import expect
 from graders.engine.failures import LearnerRaised
 from graders.engine.learner import describe_value
 from graders.engine.recording import recorded
-from graders.engine.structure import banned_used
+from graders.engine.structure import banned_used, check_untampered
 
 # (B, T, d_model, n_heads): n_heads != head_dim != T, so mixing up heads, time and channels shows.
 CONFIGS = [(2, 7, 24, 4), (3, 5, 30, 2)]
@@ -265,9 +265,10 @@ def test_banned_api(learner, kata, rng, device):
     B, T, d, H = CONFIGS[0]
     call = f"MultiHeadSelfAttention({d}, {H})(x, causal=True)"
     case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H) + "; eval mode"
-    sd, x = weights(rng, d), normal(rng, B, T, d)
+    sd = weights(rng, d)
     m = build(learner, device, sd, H)
-    m(x, causal=True)   # first call: lets lazy imports happen before recording
+    m(normal(rng, B, T, d), causal=True)   # first call: lets lazy imports happen before recording
+    x = normal(rng, B, T, d)   # fresh: no earlier call saw it, so memoised outputs cannot skip the ops
     with learner.recording() as ops:
         got = m(x, causal=True)
     used = banned_used(learner.source, ops, kata.banned)
@@ -280,3 +281,4 @@ def test_banned_api(learner, kata, rng, device):
     tol = kata.tolerance("float64")
     expect.array(got[0], expected[0], call=call, case=case, what="the output", device=device,
                  against="nn.MultiheadAttention with the same weights", **tol)
+    check_untampered(learner.source, call=call, case=case)

@@ -11,7 +11,7 @@ from graders.engine import expect
 from graders.engine.failures import LearnerRaised
 from graders.engine.learner import describe_value
 from graders.engine.recording import recorded
-from graders.engine.structure import banned_used
+from graders.engine.structure import banned_used, check_untampered
 
 # (B, T, C, H): H != head_dim in each. In the first, B, T, H, head_dim, B*H and C all differ, so the
 # op recorder tells a head axis from batch, time and channels.
@@ -172,11 +172,12 @@ def test_per_head_loop(learner, bugs, kata, rng, device):
     B, T, C, H = CONFIGS[0]
     hd = C // H
     tol = kata.tolerance("float64")
-    sd, x = weights(rng, C), normal(rng, B, T, C)
+    sd, warm_up, x = weights(rng, C), normal(rng, B, T, C), normal(rng, B, T, C)
     case = case_text(x, H, "every torch call recorded")
-    # A first call lets lazy imports happen before recording; the recorded call gets a fresh module,
-    # so a loop that edits the weights in place fails eval-no-grad-safe only.
-    guarded(lambda: learner.mha_by_loop(build(learner, device, sd, H), x), C, call=CALL, case=case)
+    # A first call lets lazy imports happen before recording. The recorded call gets a fresh module
+    # (a loop that edits the weights in place fails eval-no-grad-safe only) and a fresh x (no
+    # earlier call saw it, so memoised outputs cannot skip the ops).
+    guarded(lambda: learner.mha_by_loop(build(learner, device, sd, H), warm_up), C, call=CALL, case=case)
     m = build(learner, device, sd, H)
     with learner.recording() as ops:
         got = guarded(lambda: learner.mha_by_loop(m, x), C, call=CALL, case=case)
@@ -205,6 +206,7 @@ def test_per_head_loop(learner, bugs, kata, rng, device):
     # The point is for a loop that computes the module's output.
     expect.array(got, expected(bugs, sd, H, x), call=CALL, case=case, device=device, what="the output",
                  against=AGAINST, diagnose=lambda: diagnosis(bugs, got, sd, H, x, tol), **tol)
+    check_untampered(learner.source, call=CALL, case=case)
 
 
 def test_eval_no_grad_safe(learner, bugs, kata, rng, device):

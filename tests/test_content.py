@@ -1,11 +1,13 @@
 """Content is checked like code: for every kata found in katas/, the reference passes with full
-score, the stub is not-started, every bug oracle is caught with its own diagnosis code, and stub
-and reference share names, signatures and docstrings."""
+score, the stub is not-started, every bug oracle is caught with its own diagnosis code, tampering
+is diagnosed where the manifest declares it, and stub and reference share names, signatures and
+docstrings."""
 import pytest
 
 from graders.engine.lint import check_api
 from graders.engine.manifest import katas
 from graders.engine.oracles import Bugs
+from graders.engine.structure import TAMPERING, TAMPERING_PROBE
 
 KATAS = [k.slug for k in katas()]
 ORACLES = [(k.slug, code) for k in katas() for code in Bugs(k).codes]
@@ -42,6 +44,18 @@ def test_bug_oracle_is_caught_with_its_own_diagnosis(slug, code, grade_source):
 
 
 @pytest.mark.parametrize("slug", KATAS)
+def test_tampering_is_diagnosed_where_declared(slug, grade_source):
+    """tampering has no bug oracle (the source scan finds it, whatever the code computes): the
+    reference with a tampering line added stands for one."""
+    kata = next(k for k in katas() if k.slug == slug)
+    result = grade_source(slug, kata.reference_path.read_text() + TAMPERING_PROBE)
+    tampered = [c for c in result["checks"] if c["diagnosis"] == TAMPERING]
+    assert bool(tampered) == (TAMPERING in kata.diagnoses)
+    assert all(c["score"] == 0 and "inspect (line" in c["message"] for c in tampered)
+    assert all(c["status"] in ("passed", "skipped") for c in result["checks"] if c not in tampered)
+
+
+@pytest.mark.parametrize("slug", KATAS)
 def test_stub_and_reference_share_the_api(slug):
     kata = next(k for k in katas() if k.slug == slug)
     assert all(f.ok for f in check_api(kata)), [f.what for f in check_api(kata) if not f.ok]
@@ -50,6 +64,6 @@ def test_stub_and_reference_share_the_api(slug):
 @pytest.mark.parametrize("slug", KATAS)
 def test_diagnoses_documented_and_every_task_hinted(slug):
     kata = next(k for k in katas() if k.slug == slug)
-    assert set(kata.diagnoses) == set(Bugs(kata).codes)
+    assert set(kata.diagnoses) - {TAMPERING} == set(Bugs(kata).codes)
     assert all(task.hints for task in kata.tasks)
     assert all(d.explain and d.fix for d in kata.diagnoses.values())

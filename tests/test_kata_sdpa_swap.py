@@ -222,3 +222,35 @@ def test_benchmark_judgement():
         judge_benchmark(fast, {"seconds": 0.002, "peak_bytes": 4300 << 20}, case="")
     with pytest.raises(CheckFailed, match="could not be measured"):
         judge_benchmark({"seconds": 0.001, "peak_bytes": None}, {"seconds": 0.005, "peak_bytes": None}, case="")
+
+
+def test_memoised_sdpa_on_the_manual_path_is_caught(grade_source):
+    # The manual path runs SDPA once per input and weights, then returns the stored output: only a
+    # recorded call on an input no earlier call saw shows the SDPA call.
+    source = SOLUTION.replace("class CausalSelfAttention", "OUTPUTS = {}\n\n\nclass CausalSelfAttention").replace(
+        "        if self.flash:",
+        "        key = (x.detach().cpu().numpy().tobytes(), self.qkv.weight.detach().cpu().numpy().tobytes(), self.training)\n"
+        "        if not self.flash and key in OUTPUTS:\n"
+        "            return OUTPUTS[key].clone()\n"
+        "        if True:").replace(
+        "        return self.resid_dropout(self.proj(y))",
+        "        OUTPUTS[key] = self.resid_dropout(self.proj(y))\n"
+        "        return OUTPUTS[key]")
+    result = grade_source("sdpa-swap", source)
+    check = checks_by_id(result)["manual-path-avoids-sdpa"]
+    assert "calls a fused attention" in check["message"] and check["score"] == 0
+    assert checks_by_id(result)["paths-agree"]["status"] == "passed"
+
+
+def test_mask_reported_by_lying_methods_is_not_a_buffer(grade_source):
+    register = 'self.register_buffer("mask", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))'
+    liar = SOLUTION.replace(register, "self.mask = torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size)") + '''
+    def named_buffers(self, *args, **kwargs):
+        yield from super().named_buffers(*args, **kwargs)
+        yield "mask", self.mask
+
+    def state_dict(self, *args, **kwargs):
+        return {**super().state_dict(*args, **kwargs), "mask": self.mask}
+'''
+    check = checks_by_id(grade_source("sdpa-swap", liar))["mask-is-buffer"]
+    assert 'no buffer named "mask"' in check["message"] and check["diagnosis"] == "mask-not-buffer"

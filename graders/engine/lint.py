@@ -4,8 +4,10 @@ For each kata: its files exist; stub and reference define the same names with th
 signatures and docstrings; every task has a hint; the interview follow-ups hold enough questions
 of both kinds (their manifest parse has computed every numeric answer already); every plot the
 manifest lists can be drawn; the manifest's
-diagnoses are exactly the bug oracles' codes; the reference passes with full score; the stub comes out not-started; and every
-bug oracle fails with its own diagnosis code.
+diagnoses are exactly the bug oracles' codes, plus ``tampering`` where the structure checks find it;
+the reference passes with full score; the stub comes out not-started; every bug oracle fails with
+its own diagnosis code; and the reference with a tampering line added is diagnosed ``tampering``
+exactly where the manifest declares it.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from .manifest import Kata
 from .oracles import Bugs
 from .plots import PLOTS
 from .runner import grade
+from .structure import TAMPERING, TAMPERING_PROBE
 
 
 @dataclass
@@ -107,7 +110,9 @@ def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Findin
             f"plots without a drawing in graders/engine/plots.py: {', '.join(missing)}")
 
     bugs = Bugs(kata)
-    documented, oracles = set(kata.diagnoses), set(bugs.codes)
+    # tampering is found in the source by the trusted scan, whatever the code computes: no bug
+    # oracle stands for it; the reference with TAMPERING_PROBE added does, below.
+    documented, oracles = set(kata.diagnoses) - {TAMPERING}, set(bugs.codes)
     add(documented == oracles,
         f"{len(oracles)} diagnoses, each with a bug oracle and an explanation" if documented == oracles else
         f"diagnoses without an oracle: {sorted(documented - oracles) or 'none'}; "
@@ -138,4 +143,12 @@ def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Findin
             add(caught, f"bug oracle {code}: {result['status']} {result['score']:g}/{result['max_score']:g}, "
                         f"diagnosed {code}" + (f" (also {', '.join(others)})" if others else "")
                 if caught else f"bug oracle {code}: {result['status']} with diagnoses {result['diagnoses'] or 'none'}")
+
+        result = run(kata.reference_path.read_text(encoding="utf-8") + TAMPERING_PROBE)
+        caught = [c["id"] for c in result["checks"] if c["diagnosis"] == TAMPERING]
+        declared = TAMPERING in kata.diagnoses
+        add(bool(caught) == declared, f"reference with `{TAMPERING_PROBE.strip()}` added: "
+            + (f"{TAMPERING} diagnosed by {', '.join(caught)}" if caught else f"no {TAMPERING} diagnosis")
+            + ("" if bool(caught) == declared else
+               f", but kata.toml {'declares' if declared else 'does not declare'} [diagnoses.{TAMPERING}]"))
     return findings

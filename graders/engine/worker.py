@@ -516,17 +516,35 @@ KIT_FUNCTIONS = {"sdpa_self_attention": sdpa_self_attention}
 
 
 def _module_info(module):
+    """What nn.Module keeps in its own dicts, read the way named_parameters(), named_buffers() and
+    state_dict() read them, without calling those methods: the learner's class can override them
+    (or __getattr__, or its dicts' methods) to report a buffer it does not have."""
     import torch
 
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {_qualname(module)}")
-    return {
-        "type": _qualname(module),
-        "training": bool(module.training),
-        "parameters": {n: [list(p.shape), str(p.dtype), str(p.device)] for n, p in module.named_parameters()},
-        "buffers": {n: [list(b.shape), str(b.dtype), str(b.device)] for n, b in module.named_buffers()},
-        "state_dict": list(module.state_dict().keys()),
-    }
+    found = {"_parameters": {}, "_buffers": {}}
+    seen = {"_parameters": set(), "_buffers": set()}   # a tensor two modules share is named once
+    state_dict = []
+
+    def walk(m, prefix):
+        own = object.__getattribute__(m, "__dict__")
+        for kind in found:
+            for name, t in dict.items(own[kind]):
+                if t is None:
+                    continue
+                if kind == "_parameters" or not set.__contains__(own["_non_persistent_buffers_set"], name):
+                    state_dict.append(prefix + name)
+                if id(t) not in seen[kind]:
+                    seen[kind].add(id(t))
+                    found[kind][prefix + name] = [list(t.shape), str(t.dtype), str(t.device)]
+        for name, child in dict.items(own["_modules"]):
+            if child is not None:
+                walk(child, f"{prefix}{name}.")
+
+    walk(module, "")
+    return {"type": _qualname(module), "training": bool(object.__getattribute__(module, "__dict__")["training"]),
+            "parameters": found["_parameters"], "buffers": found["_buffers"], "state_dict": state_dict}
 
 
 def limit_memory(memory_mb):
@@ -537,7 +555,7 @@ def limit_memory(memory_mb):
 
 
 def main(argv):
-    zygote(argv[1].split(","), isolated=argv[2:] == ["isolated"])
+    zygote(argv[1].split(","), isolated="isolated" in argv[2:], warm="warm" in argv[2:])
 
 
 # --- the zygote: fork a warm worker per learner file ----------------------------------------------
@@ -554,7 +572,7 @@ MS_REC, MS_PRIVATE, MS_RELATIME = 1 << 14, 1 << 18, 1 << 21
 _libc = None
 
 
-def zygote(frameworks, isolated=False):
+def zygote(frameworks, isolated=False, warm=False):
     """Import NumPy/torch once, then fork a worker per request, so a sandbox costs a fork, not an
     interpreter and an ``import torch``. No learner code ever runs in this process: each request
     (a JSON message with the worker's pipes and the learner's file attached) gets a child that
@@ -567,6 +585,7 @@ def zygote(frameworks, isolated=False):
     mount, network, IPC and UTS namespaces, so that everything it starts dies with it and sees
     only its own private /proc, /tmp and /dev/shm. Otherwise (no bwrap) it only leaves this
     session, and as root drops to its own user, whose processes are swept after it.
+    ``warm``: also load what the first sandbox of many would otherwise load for itself.
     """
     import socket
     import time
@@ -582,9 +601,11 @@ def zygote(frameworks, isolated=False):
         import torch.nn.functional  # noqa: F401
 
         torch.set_num_threads(1)
-        # The first operator on a meta tensor loads torch's meta kernels (over a second): done
-        # once here rather than in every sandbox that builds a mask on device="meta".
-        torch.ones(1, 1, device="meta").tril()
+        if warm:
+            # The first operator on a meta tensor loads torch's meta kernels (over a second): done
+            # once here rather than in every sandbox that builds a mask on device="meta". Only
+            # for many sandboxes: one `kata check` would wait for it even when it needs none.
+            torch.ones(1, 1, device="meta").tril()
     sock = socket.socket(fileno=0)
     children = {}   # pid -> uid or None
     while True:
@@ -628,6 +649,8 @@ def zygote(frameworks, isolated=False):
         except OSError:
             pass
         _sweep(uid)
+    # Nothing to flush: skipping torch's interpreter teardown (a second) spares the caller's wait.
+    os._exit(0)
 
 
 def _fork(sock, fds, request):
