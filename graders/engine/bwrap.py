@@ -71,14 +71,13 @@ def _dist_paths(dist) -> set[Path]:
     if record is None:   # no RECORD: the top-level names and the metadata folder
         names = (dist.read_text("top_level.txt") or "").split()
         return {p for n in names for p in (base / n, base / f"{n}.py") if p.exists()} | {Path(dist._path)}
-    paths = set()
+    names = set()
     for line in record.splitlines():
         name = next(csv.reader([line]))[0] if line.startswith('"') else line.split(",", 1)[0]
-        parts = name.split("/")
-        if parts[0] == ".." or name.endswith(".pth"):
-            continue
-        paths.add(base / name if parts[0] == "__pycache__" or len(parts) == 1 else base / parts[0])
-    return {p for p in paths if p.exists()}
+        top, slash, _ = name.partition("/")
+        if top != ".." and not name.endswith(".pth"):
+            names.add(name if top == "__pycache__" or not slash else top)
+    return {base / name for name in names if (base / name).exists()}
 
 
 def _inside(path: Path, trees) -> bool:
