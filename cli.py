@@ -652,18 +652,31 @@ def grade_class(submissions, out, kata_names, jobs, force, seed, device, show_hi
 @main.command()
 @click.argument("kata_name", metavar="[KATA]", required=False)
 @click.option("--seed", type=int, help="Seed for the graded runs (random if not given).")
-def lint(kata_name, seed):
+@click.option("--mutants", is_flag=True, help="Grade mutants of the references instead: how many small "
+              "mistakes does each grader catch?")
+@click.option("--seeds", type=click.IntRange(1), default=2, show_default=True,
+              help="With --mutants: seeds each mutant is graded at (from --seed on).")
+@click.option("--sample", type=click.IntRange(1), help="With --mutants: only the first N mutants of each kata.")
+def lint(kata_name, seed, mutants, seeds, sample):
     """Check the katas' content like code (for authors).
 
     For each kata: stub and reference share names, signatures and docstrings; every task has a
     hint; the reference passes with full score; the stub is not-started; every bug oracle is
     caught with its own diagnosis.
+
+    With --mutants: each reference is changed in one small way at a time (operands or dims
+    swapped, a transpose, scale or cast dropped, tril for triu, an off-by-one, a flipped mask...)
+    and graded. A mutant is killed (below full marks at some seed), equivalent (it answered every
+    call exactly as the reference did) or a survivor; each kata's grader must kill at least 95 %
+    of the mutants that are not equivalent. Survivors are shown with their change.
     """
     from graders.engine.lint import lint as lint_kata
 
     _full_kit("lint")
     katas = [_kata(kata_name)] if kata_name else _all_katas()
     seed = new_seed() if seed is None else seed
+    if mutants:
+        _lint_mutants(katas, list(range(seed, seed + seeds)), sample)
     click.echo(f"Linting {len(katas)} kata(s) with seed {seed}")
 
     def show(finding):
@@ -677,6 +690,25 @@ def lint(kata_name, seed):
     problems = [f for f in findings if not f.ok]
     click.echo(f"lint: {len(findings) - len(problems)} ok, {len(problems)} problem(s)")
     sys.exit(1 if problems else 0)
+
+
+def _lint_mutants(katas, seeds: list[int], sample: int | None):
+    from graders.engine import mutants
+
+    click.echo(f"Grading mutants of {len(katas)} reference(s) at seed(s) {', '.join(map(str, seeds))}")
+    scores = []
+    for kata in katas:
+        try:
+            score = mutants.score(kata, seeds=seeds, sample=sample)
+        except RunnerError as exc:
+            raise EnvironmentProblem(str(exc)) from None
+        scores.append(score)
+        for mutant in score.mutants:
+            if mutant.outcome == "survived":
+                click.echo(f"  {kata.slug}: survivor #{mutant.number} ({mutant.what}, line {mutant.line})")
+                click.echo("\n".join(f"      {line}" for line in mutant.diff.splitlines()))
+    click.echo(mutants.table(scores))
+    sys.exit(0 if all(s.ratio >= mutants.GOAL for s in scores) else 1)
 
 
 @main.command("release")

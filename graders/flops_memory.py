@@ -93,8 +93,8 @@ def diagnosis(bugs, got, name, args, kwargs):
     """The bug oracle whose answer to this call is exactly ``got``, compared as ints."""
     compute = lambda impl: getattr(impl, name)(*args, **kwargs)
     right = compute(bugs.reference)
-    for code in bugs.codes:
-        out = bugs.output(code, compute)
+    for code, impl in bugs.variants():
+        out = compute(impl)
         if out != right and out == got:
             return code
     return None

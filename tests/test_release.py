@@ -96,7 +96,7 @@ def test_bundle_check_grades_stub_and_reference(bundle, tmp_path, slug):
 def test_bundle_diagnoses_every_bug_as_the_full_kit_does(bundle, tmp_path, slug):
     kata = find(slug)
     paths = {}
-    for code in Bugs(kata).codes:
+    for code in Bugs(kata).names:
         paths[code] = tmp_path / code / kata.learner_file
         paths[code].parent.mkdir()
         paths[code].write_text(Bugs(kata).shim(code))

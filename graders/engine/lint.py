@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .manifest import Kata
-from .oracles import Bugs
+from .oracles import Bugs, code_of
 from .plots import PLOTS
 from .runner import grade
 from .structure import TAMPERING, TAMPERING_PROBE
@@ -136,13 +136,14 @@ def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Findin
         result = grade(kata, kata.stub_path, seed=seed, device="cpu")
         add(result["status"] == "not-started", f"stub is {result['status']}")
 
-        for code in bugs.codes:
-            result = run(bugs.shim(code))
+        for name in bugs.names:
+            result = run(bugs.shim(name))
+            code = code_of(name)
             caught = result["status"] == "failed" and code in result["diagnoses"]
             others = [d for d in result["diagnoses"] if d != code]
-            add(caught, f"bug oracle {code}: {result['status']} {result['score']:g}/{result['max_score']:g}, "
+            add(caught, f"bug oracle {name}: {result['status']} {result['score']:g}/{result['max_score']:g}, "
                         f"diagnosed {code}" + (f" (also {', '.join(others)})" if others else "")
-                if caught else f"bug oracle {code}: {result['status']} with diagnoses {result['diagnoses'] or 'none'}")
+                if caught else f"bug oracle {name}: {result['status']} with diagnoses {result['diagnoses'] or 'none'}")
 
         result = run(kata.reference_path.read_text(encoding="utf-8") + TAMPERING_PROBE)
         caught = [c["id"] for c in result["checks"] if c["diagnosis"] == TAMPERING]

@@ -15,7 +15,8 @@ Format 1, every key::
     minutes = 15                    # optional: time to solve it in a mock interview
     plots = ["heatmaps"]            # optional: what `kata plot` draws from the learner's code
     [files]                         # optional: learner / stub / readme file names
-    [tolerances.float32]            # optional: rtol and atol per dtype
+    [tolerances.float32]            # optional: rtol and atol per dtype, and ulps: atol grows by
+                                    # ulps * eps(dtype) * the input's magnitude (see tolerance)
     [[tasks]]                       # title and hints (progressive, at least one each)
     [checks]                        # check id = points; ids are the grader's test names
     [diagnoses.<code>]              # explain and fix: what the learner reads
@@ -35,6 +36,8 @@ FORMAT = 1
 ROOT = Path(__file__).resolve().parents[2]   # the folder that holds katas/, graders/, reference/
 KATAS_DIR = ROOT / "katas"
 FRAMEWORKS = ("numpy", "torch", "python")
+# Machine epsilon of each dtype a tolerance may name (bfloat16 keeps 8 significant bits).
+EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
 class ManifestError(Exception):
@@ -105,12 +108,18 @@ class Kata:
     def max_score(self) -> float:
         return float(sum(self.checks.values()))
 
-    def tolerance(self, dtype) -> dict:
-        """rtol/atol for a dtype name such as "float32" (a NumPy or torch dtype works too)."""
+    def tolerance(self, dtype, magnitude: float = 0.0) -> dict:
+        """rtol/atol for a dtype name such as "float32" (a NumPy or torch dtype works too).
+
+        ``magnitude`` is the largest |value| of the inputs. A backward-stable computation may
+        answer as if each input had moved by a few ulps of that magnitude: rounding x + 1000 in
+        float32 moves it by 6e-5, and every honest softmax of it may be that far off. The atol
+        grows by ``ulps`` (the manifest's count of such roundings) times eps(dtype) times it."""
         name = str(dtype).removeprefix("torch.")
         if name not in self.tolerances:
             raise KeyError(f"{self.slug}: kata.toml has no [tolerances.{name}]")
-        return self.tolerances[name]
+        tol = self.tolerances[name]
+        return {"rtol": tol["rtol"], "atol": tol["atol"] + tol.get("ulps", 0.0) * EPS[name] * float(magnitude)}
 
 
 _TOP = {"format", "slug", "title", "order", "framework", "summary", "banned", "timeout_s",
@@ -167,7 +176,9 @@ def parse(path: Path) -> Kata:
     _keys(path, "[files]", files, {"learner", "stub", "readme"})
     tolerances = {}
     for dtype, tol in data.get("tolerances", {}).items():
-        _keys(path, f"[tolerances.{dtype}]", tol, {"rtol", "atol"}, ("rtol", "atol"))
+        _keys(path, f"[tolerances.{dtype}]", tol, {"rtol", "atol", "ulps"}, ("rtol", "atol"))
+        if dtype not in EPS:
+            _fail(path, f"[tolerances.{dtype}]: unknown dtype; known: {', '.join(EPS)}.")
         tolerances[dtype] = {k: _typed(path, f"tolerances.{dtype}.{k}", v, float, "a number")
                              for k, v in tol.items()}
 

@@ -1,7 +1,8 @@
 """Bug oracles: reference implementations of known bugs, used to name what a learner got wrong.
 
-``reference/<module>_bugs.py`` holds ``BUGS = {diagnosis code: {API name: implementation}}``.
-Each bug is the reference with those names replaced. A failed check asks ``Bugs.match`` which
+``reference/<module>_bugs.py`` holds ``BUGS = {diagnosis code: {API name: implementation}}``, or
+for a bug people write in several ways, a list of such dicts (its variants, named ``code``,
+``code~2``, ...). Each bug is the reference with those names replaced. A failed check asks ``Bugs.match`` which
 bug produces exactly the learner's output on the same inputs; a bug that gives the reference's
 own output on those inputs cannot be told apart there and is never named.
 
@@ -30,21 +31,32 @@ class Bugs:
         self.book = book or Book()
         if self.book.replaying:
             self.reference = Oracle(self.book, "reference", None)
-            self.impls = {code: Oracle(self.book, code, None) for code in codes}
+            self.impls = {name: Oracle(self.book, name, None) for name in codes}
             return
         module = importlib.import_module(f"reference.{kata.module}")
         self.module = importlib.import_module(f"reference.{kata.module}_bugs")
         public = {k: v for k, v in vars(module).items() if not k.startswith("_")}
         self.reference = Oracle(self.book, "reference", module)
-        self.impls = {code: Oracle(self.book, code, SimpleNamespace(**{**public, **overrides}))
-                      for code, overrides in self.module.BUGS.items()}
+        self.overrides = {name: overrides for code, variants in self.module.BUGS.items()
+                          for name, overrides in _variants(code, variants)}
+        self.impls = {name: Oracle(self.book, name, SimpleNamespace(**{**public, **overrides}))
+                      for name, overrides in self.overrides.items()}
+
+    @property
+    def names(self) -> list[str]:
+        """Every variant of every bug: ``code`` for the first, ``code~2`` and on for the others."""
+        return list(self.impls)
 
     @property
     def codes(self) -> list[str]:
-        return list(self.impls)
+        return list(dict.fromkeys(code_of(name) for name in self.impls))
 
-    def output(self, code: str, compute: Callable):
-        return compute(self.impls[code])
+    def variants(self) -> list[tuple[str, Oracle]]:
+        """(diagnosis code, oracle) for every variant."""
+        return [(code_of(name), impl) for name, impl in self.impls.items()]
+
+    def output(self, name: str, compute: Callable):
+        return compute(self.impls[name])
 
     def match(self, got, compute: Callable, *, rtol: float, atol: float, among=None) -> str | None:
         """The code of the first bug whose output on this call is ``got``, if any."""
@@ -57,7 +69,7 @@ class Bugs:
             expected = compute(self.reference)
         except NotRecorded:   # a bundle that did not record this call names no bug
             return None
-        for code, impl in self.impls.items():
+        for code, impl in self.variants():
             # banned-api oracles compute the right values with a forbidden call: structural only.
             if code == "banned-api" or (among is not None and code not in among):
                 continue
@@ -69,8 +81,9 @@ class Bugs:
                 return code
         return None
 
-    def shim(self, code: str) -> str:
-        """Source of a learner file that is this bug: how `kata lint` and the tests grade a bug.
+    def shim(self, name: str) -> str:
+        """Source of a learner file that is this bug (a name from ``names``): how `kata lint` and
+        the tests grade a bug.
 
         Self-contained: it embeds the reference and bug modules, since a sandbox may not read
         reference/ (as root it cannot)."""
@@ -79,11 +92,24 @@ class Bugs:
                  "_sys.modules['reference'] = _package = _types.ModuleType('reference')",
                  "_package.__path__ = []"]
         for module in (self.reference.namespace, self.module):
-            name = module.__name__
-            lines += [f"_module = _sys.modules[{name!r}] = _types.ModuleType({name!r})",
-                      f"setattr(_package, {name.rpartition('.')[2]!r}, _module)",
-                      f"exec(compile({Path(module.__file__).read_text()!r}, {name!r}, 'exec'), _module.__dict__)"]
+            qualified = module.__name__
+            lines += [f"_module = _sys.modules[{qualified!r}] = _types.ModuleType({qualified!r})",
+                      f"setattr(_package, {qualified.rpartition('.')[2]!r}, _module)",
+                      f"exec(compile({Path(module.__file__).read_text()!r}, {qualified!r}, 'exec'), _module.__dict__)"]
         lines.append(f"from {reference} import *  # noqa: F403")
-        for name, impl in self.module.BUGS[code].items():
-            lines.append(f"from {self.module.__name__} import {impl.__name__} as {name}")
+        for api, impl in self.overrides[name].items():
+            lines.append(f"from {self.module.__name__} import {impl.__name__} as {api}")
         return "\n".join(lines) + "\n"
+
+
+VARIANT = "~"
+
+
+def code_of(name: str) -> str:
+    """The diagnosis code of a variant's name: ``mask-inverted~2`` -> ``mask-inverted``."""
+    return name.partition(VARIANT)[0]
+
+
+def _variants(code: str, variants) -> list[tuple[str, dict]]:
+    variants = variants if isinstance(variants, list) else [variants]
+    return [(code if i == 1 else f"{code}{VARIANT}{i}", overrides) for i, overrides in enumerate(variants, 1)]

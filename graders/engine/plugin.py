@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from . import expect
 from .failures import CheckFailed
 from .learner import Learner
 from .manifest import Kata
@@ -103,10 +104,10 @@ def device(request):
 
 class GradingPlugin:
     def __init__(self, kata: Kata, sandbox, *, seed: int, device: str, hidden_seed: int, book: Book,
-                 release: dict | None = None):
+                 release: dict | None = None, trace=None):
         self.kata, self.sandbox, self.seed, self.device = kata, sandbox, seed, device
         self.hidden_seed, self.book, self.release = hidden_seed, book, release
-        self.adapter = Learner(sandbox, device=device, seed=seed)
+        self.adapter = Learner(sandbox, device=device, seed=seed, trace=trace)
         self.reports: dict[str, dict] = {}
         self.problems: list[str] = []
 
@@ -133,6 +134,7 @@ class GradingPlugin:
                 + (f"; no points for {', '.join(unknown)}" if unknown else "") + ".")
 
     def pytest_runtest_setup(self, item):
+        expect.NOTES.clear()
         self.book.muted = is_hidden(item)
         if item.get_closest_marker("cuda") and self.device != "cuda":
             pytest.skip("needs a CUDA device: none is present, or the run asked for --device cpu")
@@ -159,6 +161,8 @@ class GradingPlugin:
             return {**entry, "status": "skipped", "score": 0.0, "max_score": 0.0,
                     "message": reason.removeprefix("Skipped: ")}
         if report.passed:
+            if expect.NOTES:
+                entry.update(notes=list(expect.NOTES), message="\n".join(expect.NOTES.values()))
             return entry
         exc = call.excinfo.value if call.excinfo else None
         if isinstance(exc, CheckFailed):

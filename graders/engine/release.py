@@ -107,10 +107,10 @@ def build(out: Path, katas: list[Kata], *, seed: int, progress=lambda text: None
             if result["status"] != "passed":
                 raise ReleaseError(f"{kata.slug}: the reference does not pass its grader at seed {seed} "
                                    "(`kata lint` says why); no bundle was made.")
-            for code in bugs.codes:   # what diagnosing each known bug asks of the oracles
-                run(bugs.shim(code))
+            for name in bugs.names:   # what diagnosing each known bug asks of the oracles
+                run(bugs.shim(name))
             visible = [c["id"] for c in result["checks"] if c["visibility"] == "visible" and c["status"] != "skipped"]
-            info = {"kata": kata.slug, "seed": seed, "codes": bugs.codes, "hidden": hidden_checks(kata),
+            info = {"kata": kata.slug, "seed": seed, "codes": bugs.names, "hidden": hidden_checks(kata),
                     "recorded": visible}
             store.save(info, out / "graders" / "recorded" / f"{kata.module}.json",
                        out / "graders" / "recorded" / f"{kata.module}.npz")

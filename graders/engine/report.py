@@ -62,7 +62,7 @@ def check_lines(check: dict, kata: Kata, width: int = 0) -> list[str]:
     lines = [f"  {click.style(mark, fg=colour)} {check['id']:<{width}}{hidden}  {check['name']}  "
              f"{click.style(points, dim=True)}"]
     if check["status"] == "passed":
-        return lines
+        return lines + [f"      {click.style('note', fg='cyan')}      {line}" for line in check["message"].splitlines()]
     if check["status"] == "skipped":
         return lines + [f"      skipped: {check['message']}"]
     message, *details = check["message"].splitlines()

@@ -71,12 +71,14 @@ def sandbox_for(kata: Kata, file: Path, *, device: str, zygote: Zygote | None = 
 
 
 def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "auto",
-          zygote: Zygote | None = None, hidden_seed: int | None = None, record: Store | None = None) -> dict:
+          zygote: Zygote | None = None, hidden_seed: int | None = None, record: Store | None = None,
+          trace=None) -> dict:
     """Grade ``file`` against ``kata``; always returns a complete result (see DESIGN.md).
 
     Hidden checks draw their inputs from ``hidden_seed`` (fresh when None: a class's grading run).
     ``record`` keeps every oracle value the graders use (how `kata release` records a bundle). In a
     student bundle the public checks replay its recordings and the hidden checks are skipped.
+    ``trace`` (a hashlib object) takes every value the learner's code answers with.
     """
     started = time.perf_counter()
     seed = new_seed() if seed is None else seed
@@ -94,7 +96,7 @@ def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "aut
     with sandbox_for(kata, file, device=device, zygote=zygote) as sandbox:
         device = resolve_device(kata, device)
         reports = _run_pytest(kata, sandbox, seed=seed, device=device, hidden_seed=hidden_seed, book=book,
-                              release=info)
+                              release=info, trace=trace)
     if info is not None:
         reports.update({cid: release.hidden_report(cid, name) for cid, name in info["hidden"].items()})
     checks = [reports[cid] for cid in kata.checks]
@@ -111,6 +113,7 @@ def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "aut
         "duration_s": round(time.perf_counter() - started, 3),
         "checks": [{k: v for k, v in c.items() if k != "not_started"} for c in checks],
         "diagnoses": list(dict.fromkeys(c["diagnosis"] for c in checks if c["diagnosis"])),
+        "notes": list(dict.fromkeys(code for c in checks for code in c.get("notes", ()))),
     }
 
 
