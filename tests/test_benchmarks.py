@@ -29,3 +29,11 @@ def test_nbgrader_class_prints_both_paths_and_the_ratio():
     assert re.search(r"^nbgrader autograde:\s+\d+\.\d+ s, \d+\.\d+ s per notebook$", run.stdout, re.M), run.stdout
     assert re.search(r"^kata nbgrader autograde:\s+\d+\.\d+ s, \d+\.\d+ s per notebook", run.stdout, re.M), run.stdout
     assert re.search(r"^ratio: the kit's path is \d+\.\dx faster per notebook$", run.stdout, re.M), run.stdout
+
+
+def test_mutation_score_prints_the_table_and_the_time():
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mutation_score.py"), "softmax", "--sample", "3",
+                          "--seeds", "1"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^softmax\s+3\s+\d+\s+\d+\s+\d+\s+\d+\.\d%", run.stdout, re.M), run.stdout
+    assert re.search(r"^softmax: \d+\.\d s, \d+\.\d\d s per mutant$", run.stdout, re.M), run.stdout

@@ -172,9 +172,12 @@ class Score:
         return self.count("killed") / judged if judged else 1.0
 
 
-def score(kata: Kata, *, seeds: list[int], sample: int | None = None, progress=lambda mutant: None) -> Score:
-    """Grade every mutant of ``kata``'s reference (the first ``sample`` of them, if given)."""
-    chosen = mutants(kata.reference_path.read_text(encoding="utf-8"))[:sample]
+def score(kata: Kata, *, seeds: list[int], sample: int | None = None, chosen: list[Mutant] | None = None,
+          progress=lambda mutant: None) -> Score:
+    """Grade every mutant of ``kata``'s reference (the first ``sample`` of them, if given; or the
+    ``chosen`` ones) and set each one's outcome."""
+    if chosen is None:
+        chosen = mutants(kata.reference_path.read_text(encoding="utf-8"))[:sample]
     result = Score(kata.slug, chosen)
     with Zygote([kata.framework], isolated=None, warm=True) as zygote, \
             tempfile.TemporaryDirectory(prefix="kata-mutants-") as tmp:
