@@ -90,3 +90,13 @@ def test_ci_runs_the_readme_test_command():
     command = readme.split("Develop it")[1].split("```bash\n")[1].split("\n")[0].rsplit("&& ", 1)[1]
     assert command == "python -m pytest"
     assert (ROOT / ".ci" / "run").read_text().rstrip().endswith(command)
+
+
+def test_tolerance_grows_with_the_inputs_magnitude(tmp_path):
+    half = "[tolerances.float16]\nrtol = 0.001\natol = 0.0001\nulps = 2\n\n[[tasks]]"
+    kata = parse(manifest(tmp_path, GOOD.replace("[[tasks]]", half, 1)))
+    assert kata.tolerance("float16") == {"rtol": 0.001, "atol": 0.0001}
+    # rounding x ~ 1000 to float16 moves it by up to 2**-10 * 1000 / 2: two such roundings
+    assert kata.tolerance("float16", magnitude=1000.0) == {"rtol": 0.001, "atol": 0.0001 + 2 * 2**-10 * 1000}
+    with pytest.raises(ManifestError, match=r"\[tolerances.float8\]: unknown dtype"):
+        parse(manifest(tmp_path, GOOD.replace("[[tasks]]", half.replace("float16", "float8"), 1)))
