@@ -1,6 +1,7 @@
 """Grader of the flops-memory kata (KATAS.md §8).
 
-Every answer is a count, so it must be an int and is compared exactly. Diagnoses ask each bug
+Every answer is a count, so it must be an int (or a float holding a whole number, with a note)
+and is compared exactly. Diagnoses ask each bug
 oracle the same call and compare ints directly: ``bugs.match`` compares as float64, which cannot
 tell two counts apart above 2**53.
 """
@@ -20,9 +21,9 @@ from graders.engine.learner import describe_value
 # oracle independent of the reference's arithmetic.
 DTYPES = {1: torch.int8, 2: torch.float16, 4: torch.float32, 8: torch.float64}
 
-NOT_INT = ("Return a Python int: parameters, FLOPs and bytes are counts. `/` gives a float even where it "
-           "divides exactly (use `//`), math.sqrt gives a float (use math.isqrt), and NumPy integers are "
-           "not ints (wrap them in int()).")
+NOT_INT = ("Return a Python int: parameters, FLOPs and bytes are counts. A float passes only where it holds "
+           "a whole number; `/` that does not divide exactly and math.sqrt give fractions (use `//` and "
+           "math.isqrt), and NumPy integers are not ints (wrap them in int()).")
 
 WRONG = {"attention_params": "Wrong number of parameters.", "attention_flops": "Wrong number of FLOPs.",
          "attention_scores_bytes": "Wrong number of bytes for the scores.",
@@ -81,10 +82,23 @@ def ratio(got: int, expected: int) -> str:
     return f" ({shown} times the right answer)" if r > 1 else f" ({shown} of the right answer)"
 
 
-def check_count(got, expected: int, *, call, case, wrong, diagnose=None, how=""):
-    """``got`` is the int ``expected``: the type first, then the value."""
+def as_count(got, *, call, case, expected: int) -> int:
+    """``got`` as an int: an int, or a float holding a whole number (`/` that divides exactly gives
+    one), noted. A float equal to an int is that exact integer: ``==`` between a float and an int
+    compares exactly, even above 2**53. Anything else, non-integral floats included, is refused."""
+    if type(got) is float and got.is_integer():
+        expect.note("integral-float", f"{call} answered the float {got!r}: accepted as the integer it holds "
+                                      f"exactly, but counts are ints (`//` where `/` divides exactly, "
+                                      "math.isqrt for math.sqrt).")
+        return int(got)
     expect.that(type(got) is int, NOT_INT, call=call, case=case,
                 got=f"{describe_value(got)} ({type(got).__name__})", expected=f"int {expected:,}")
+    return got
+
+
+def check_count(got, expected: int, *, call, case, wrong, diagnose=None, how=""):
+    """``got`` is the count ``expected``: the type first, then the value."""
+    got = as_count(got, call=call, case=case, expected=expected)
     expect.that(got == expected, wrong, call=call, case=case, got=f"{got:,}{ratio(got, expected)}",
                 expected=f"{expected:,}{how}", diagnose=diagnose)
 

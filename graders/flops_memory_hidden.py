@@ -1,7 +1,6 @@
 """Hidden checks of the flops-memory kata: fresh inputs at each grading, never in a student bundle."""
 from graders.engine import expect
-from graders.engine.learner import describe_value
-from graders.flops_memory import DTYPES, NOT_INT, call_text, diagnosis
+from graders.flops_memory import DTYPES, as_count, call_text, diagnosis
 
 
 def test_max_seq_len_fits(learner, bugs, rng):
@@ -29,9 +28,7 @@ def test_max_seq_len_fits(learner, bugs, rng):
         def scores(T):   # Python ints: an absurd T cannot overflow
             return B * H * T * T * (size or 2)
 
-        got = learner.max_seq_len(*args, **kwargs)
-        expect.that(type(got) is int, NOT_INT, call=call, case=case,
-                    got=f"{describe_value(got)} ({type(got).__name__})", expected=f"int {right:,}")
+        got = as_count(learner.max_seq_len(*args, **kwargs), call=call, case=case, expected=right)
         diagnose = lambda: diagnosis(bugs, got, "max_seq_len", args, kwargs) or (
             "max-seq-len-off-by-one" if got == right - 1 else None)
         expect.that(got >= 0, "A sequence length cannot be negative.", call=call, case=case, got=f"{got:,}",

@@ -101,14 +101,33 @@ def test_a_different_correct_solution_passes_and_the_cuda_check_says_why_it_skip
         assert result["max_score"] == 11
 
 
-def test_a_float_count_is_refused_with_the_reason(grade_source):
+def test_an_integral_float_count_passes_with_a_note(grade_source):
+    # `/` that divides exactly: GPT-2 small's 2359296.0 parameters, the exact integer as a float.
     result = grade_source("flops-memory", SOLUTION.replace("hd = d_model // n_heads\n    q = o",
                                                            "hd = d_model / n_heads\n    q = o"))
     checks = checks_by_id(result)
-    assert failed(result) == ["textbook-answers", "params-match-torch-modules"]
+    assert result["status"] == "passed" and result["score"] == result["max_score"]
     for check in ("textbook-answers", "params-match-torch-modules"):
-        assert "Return a Python int" in checks[check]["message"] and "(float)" in checks[check]["message"]
-    assert result["diagnoses"] == []
+        assert checks[check]["notes"] == ["integral-float"]
+    assert "attention_params(768, 12) answered the float 2359296.0" in checks["textbook-answers"]["message"]
+    assert "notes" not in checks["kv-cache-bytes-values"]
+    assert result["notes"] == ["integral-float"]
+
+
+def test_a_non_integral_float_is_refused_and_a_wrong_integral_float_diagnosed(grade_source):
+    loop = ("    t = 0\n    while batch * n_heads * (t + 1) ** 2 * bytes_per_element <= memory_bytes:\n"
+            "        t += 1\n    return t")
+    source = SOLUTION.replace(loop, "    return math.sqrt(memory_bytes / (batch * n_heads * bytes_per_element))")
+    source = source.replace("return 2 * n_layers * batch", "return 2 * batch").replace(
+        "* head_dim * bytes_per_element", "* head_dim * bytes_per_element / 1")
+    result = grade_source("flops-memory", source)
+    checks = checks_by_id(result)
+    # Exactly full cases give 4096.0, a whole number; one byte short gives a fraction: refused.
+    message = checks["max-seq-len-fits"]["message"]
+    assert "Return a Python int" in message and "one byte short of T = 777" in message and "(float)" in message
+    assert checks["max-seq-len-fits"]["diagnosis"] is None
+    assert checks["kv-cache-bytes-values"]["diagnosis"] == "kv-cache-missing-layers"
+    assert "Wrong number of bytes for the KV cache" in checks["kv-cache-bytes-values"]["message"]
 
 
 def test_numpy_integers_are_refused(grade_source):
