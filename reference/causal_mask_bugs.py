@@ -40,6 +40,22 @@ def masked_attention_nan(q, k, v, mask=None):
     return weights @ v, weights
 
 
+def masked_attention_minus_1e9(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9)   # the annotated transformer's fill: a row of -1e9 is uniform
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+def masked_attention_finfo_min(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)   # Hugging Face's eager fill, as uniform
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
 def masked_attention_banned(q, k, v, mask=None):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if mask is not None:
@@ -57,5 +73,7 @@ BUGS = {
     "mask-wrong-device": {"causal_mask": causal_mask_wrong_device},
     "padding-mask-inverted": {"padding_mask": padding_mask_inverted},
     "nan-on-fully-masked-row": {"masked_attention": masked_attention_nan},
+    "masked-row-uniform": [{"masked_attention": masked_attention_minus_1e9},
+                           {"masked_attention": masked_attention_finfo_min}],
     "banned-api": {"masked_attention": masked_attention_banned},
 }

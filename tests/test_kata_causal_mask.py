@@ -53,15 +53,84 @@ def test_a_float_mask_is_refused_with_the_reason(grade_source):
     assert checks_by_id(result)["padding-mask-values"]["status"] == "passed"
 
 
+LARGE_NEGATIVE = REFERENCE + (
+    "def masked_attention(q, k, v, mask=None):\n"
+    "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\n"
+    "    if mask is not None:\n"
+    "        scores = scores.masked_fill(~mask, -1e9)\n"
+    "    weights = torch.softmax(scores, dim=-1)\n"
+    "    return weights @ v, weights\n")
+
+# Llama's and Hugging Face's habit: the softmax in float32, cast back to the inputs' dtype.
+FLOAT32_SOFTMAX = REFERENCE.replace("weights = torch.softmax(scores, dim=-1)",
+                                    "weights = torch.softmax(scores.float(), dim=-1).type_as(q)")
+
+
 def test_large_negative_instead_of_minus_inf_fails_only_fully_masked_rows(grade_source):
-    source = REFERENCE + (
-        "def masked_attention(q, k, v, mask=None):\n"
-        "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\n"
-        "    if mask is not None:\n"
-        "        scores = scores.masked_fill(~mask, -1e9)\n"
-        "    weights = torch.softmax(scores, dim=-1)\n"
-        "    return weights @ v, weights\n")
-    result = grade_source("causal-mask", source)
+    result = grade_source("causal-mask", LARGE_NEGATIVE)
     failed = [c["id"] for c in result["checks"] if c["status"] != "passed"]
     assert failed == ["fully-masked-rows-are-zero"]
-    assert "must be all zero" in checks_by_id(result)["fully-masked-rows-are-zero"]["message"]
+    check = checks_by_id(result)["fully-masked-rows-are-zero"]
+    assert "must be all zero" in check["message"] and check["diagnosis"] == "masked-row-uniform"
+    assert result["diagnoses"] == ["masked-row-uniform"]
+
+
+def test_hugging_face_finfo_min_fill_is_masked_row_uniform(grade_source):
+    source = LARGE_NEGATIVE.replace("-1e9", "torch.finfo(scores.dtype).min")
+    result = grade_source("causal-mask", source, seed=3)
+    assert [c["id"] for c in result["checks"] if c["status"] != "passed"] == ["fully-masked-rows-are-zero"]
+    assert result["diagnoses"] == ["masked-row-uniform"]
+    # With the softmax in float32 as well, float64's finfo.min rounds to -inf: the row is NaN, and named so.
+    source = source.replace("torch.softmax(scores, dim=-1)",
+                            "torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)")
+    assert grade_source("causal-mask", source, seed=3)["diagnoses"] == ["nan-on-fully-masked-row"]
+
+
+def test_a_float32_softmax_inside_gets_full_marks_with_a_note(grade_source):
+    assert FLOAT32_SOFTMAX != REFERENCE
+    for seed in (1, 2):
+        result = grade_source("causal-mask", FLOAT32_SOFTMAX, seed=seed)
+        assert result["score"] == result["max_score"], [c["message"] for c in result["checks"] if c["status"] != "passed"]
+        notes = checks_by_id(result)["matches-sdpa-and-reference"]["notes"]
+        assert "float32-inside" in str(notes)
+
+
+def test_float64_tolerance_alone_refuses_a_float32_softmax():
+    """Without the float32-inside tolerance the Llama habit would fail: the note is not for nothing."""
+    from graders.causal_mask import tolerances
+    from graders.engine import expect
+    q, k, v = (torch.randn(2, 3, 6, 4, dtype=torch.float64) for _ in range(3))
+    mask = causal_mask(6)
+    expected = masked_attention(q, k, v, mask)[0]
+    scores = (q @ k.transpose(-2, -1) / 2).masked_fill(~mask, float("-inf"))
+    got = torch.softmax(scores.float(), dim=-1).type_as(q) @ v
+    tol, loose = tolerances(find("causal-mask"), q, k, v)
+    assert expect.mismatch(got, expected, **tol) is not None
+    assert expect.mismatch(got, expected, **loose) is None
+
+
+def test_causality_and_banned_api_judge_only_their_property(grade_source):
+    wrong_scale = REFERENCE.replace("/ math.sqrt(q.size(-1))", "/ q.size(-1)")
+    assert wrong_scale != REFERENCE
+    checks = checks_by_id(grade_source("causal-mask", wrong_scale))
+    for check in ("future-perturbation-leaves-past-unchanged", "banned-api"):
+        assert checks[check]["status"] == "passed", check
+    assert checks["matches-sdpa-and-reference"]["status"] == "failed"
+
+
+def test_a_leak_of_the_future_is_named(grade_source):
+    source = REFERENCE + (
+        "def causal_mask(n_queries, n_keys=None, device=None):\n"
+        "    n_keys = n_queries if n_keys is None else n_keys\n"
+        "    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).triu(n_keys - n_queries + 1)\n")
+    check = checks_by_id(grade_source("causal-mask", source))["future-perturbation-leaves-past-unchanged"]
+    assert "lets a query see the future" in check["message"] and check["diagnosis"] == "mask-inverted"
+
+
+def test_an_output_that_ignores_its_inputs_earns_no_causality(grade_source):
+    source = REFERENCE + (
+        "def masked_attention(q, k, v, mask=None):\n"
+        "    weights = torch.zeros(*q.shape[:-1], k.shape[-2], dtype=q.dtype)\n"
+        "    return weights @ v, weights\n")
+    check = checks_by_id(grade_source("causal-mask", source))["future-perturbation-leaves-past-unchanged"]
+    assert check["status"] == "failed" and "does not depend on q, k and v" in check["message"]
