@@ -106,7 +106,7 @@ def test_np_var_is_variance_not_std_and_an_unseeded_generator_is_not_reproducibl
     assert checks["sample-score-std-close"]["diagnosis"] == "variance-not-std"
     assert "sample_score_std(16, 'none'" in checks["sample-score-std-close"]["message"]
     assert "not within 5.4% of the analytic std" in checks["sample-score-std-close"]["message"]
-    assert checks["unknown-scale-raises"]["diagnosis"] == "variance-not-std"
+    assert checks["unknown-scale-raises"]["status"] == "passed"   # wrong values, yet unknown scales raise
     message = checks["seeded-draws-reproducible"]["message"]
     assert message.startswith("The same seed gave two different floats") and "mean_max_weight(16, 16" in message
     assert checks["mean-max-weight-matches-reference"]["status"] == "passed"
@@ -131,3 +131,25 @@ def test_arrays_global_draws_ignored_n_keys_and_a_silent_default(grade_source):
     assert checks["linear-goes-uniform"]["status"] == "failed"
     assert checks["sqrt-stays-flat"]["status"] == "passed"
     assert "not fall back to some scale" in checks["unknown-scale-raises"]["message"]
+
+
+def test_unknown_scale_raises_judges_only_that_property(grade_source):
+    # Every value wrong (the variance, scales swapped), every unknown scale refused with ValueError.
+    source = SOLUTION.replace('"sqrt": math.sqrt, "linear": float', '"sqrt": float, "linear": math.sqrt').replace(
+        "return math.sqrt(d_k) / divisor(d_k, scale)", "return d_k / divisor(d_k, scale) ** 2")
+    checks = checks_by_id(grade_source("scaling-variance", source))
+    assert checks["unknown-scale-raises"]["status"] == "passed"
+    assert checks["score-std-exact"]["status"] == "failed" and checks["sample-score-std-close"]["status"] == "failed"
+    # Raising ValueError for every scale does not tell unknown names apart.
+    source = SOLUTION.replace("    if scale not in DIVISORS:\n", "    if True:\n")
+    check = checks_by_id(grade_source("scaling-variance", source))["unknown-scale-raises"]
+    assert check["status"] == "failed" and "raised ValueError" in check["message"]
+
+
+def test_defaults_other_than_the_api_fail_seeded_draws_reproducible(grade_source):
+    for old, new in (("n_samples=10_000, seed=0", "n_samples=10_000, seed=1"),
+                     ("def mean_max_weight(d_k, n_keys=16", "def mean_max_weight(d_k, n_keys=17")):
+        result = grade_source("scaling-variance", SOLUTION.replace(old, new))
+        check = checks_by_id(result)["seeded-draws-reproducible"]
+        assert [c["id"] for c in result["checks"] if c["status"] != "passed"] == ["seeded-draws-reproducible"]
+        assert "with its defaults spelled out differ" in check["message"]
