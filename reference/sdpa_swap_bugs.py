@@ -46,6 +46,27 @@ class MaskNotBuffer(CausalSelfAttention):
         self.mask = torch.ones(block_size, block_size, dtype=torch.bool).tril()   # .to() leaves it behind
 
 
+class ManualPathNoDropout(CausalSelfAttention):
+    def manual_attention(self, q, k, v):
+        T = q.size(-2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        att = att.masked_fill(~self.mask[:T, :T], float("-inf"))
+        return F.softmax(att, dim=-1) @ v   # attn_dropout forgotten: SDPA's dropout_p has no twin here
+
+
+class ManualPathNoDropoutAtAll(CausalSelfAttention):
+    def forward(self, x):
+        if self.flash:
+            return super().forward(x)
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        att = att.masked_fill(~self.mask[:T, :T], float("-inf"))
+        y = (F.softmax(att, dim=-1) @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.proj(y)   # the manual path was written for inference: neither dropout
+
+
 BUGS = {
     "double-scale": {"CausalSelfAttention": DoubleScale},
     "dropout-in-eval": {"CausalSelfAttention": DropoutInEval},
@@ -53,4 +74,6 @@ BUGS = {
     "sdpa-not-used": {"CausalSelfAttention": SdpaNotUsed},
     "paths-disagree": {"CausalSelfAttention": PathsDisagree},
     "mask-not-buffer": {"CausalSelfAttention": MaskNotBuffer},
+    "manual-path-no-dropout": [{"CausalSelfAttention": ManualPathNoDropout},
+                               {"CausalSelfAttention": ManualPathNoDropoutAtAll}],
 }

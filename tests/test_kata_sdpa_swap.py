@@ -71,7 +71,7 @@ def test_reference_equals_torch_multihead_attention():
 def test_a_different_correct_solution_passes_and_cuda_checks_are_skipped(grade_source):
     result = grade_source("sdpa-swap", SOLUTION, seed=5)
     assert result["status"] == "passed", [c["message"] for c in result["checks"] if c["status"] != "passed"]
-    assert result["score"] == result["max_score"] == 9
+    assert result["score"] == result["max_score"] == 10
     skipped = {c["id"]: c["message"] for c in result["checks"] if c["status"] == "skipped"}
     assert set(skipped) == {"flash-eligible-bf16", "bf16-close-to-float64", "flash-beats-manual"}
     assert all("needs a CUDA device" in message for message in skipped.values())
@@ -82,19 +82,37 @@ def test_pre_scaled_q_is_double_scale(grade_source):
                    "dropout_p=self.dropout if self.training else 0, is_causal=True)")
     result = grade_source("sdpa-swap", source)
     checks = checks_by_id(result)
-    assert checks["flash-calls-sdpa"]["diagnosis"] == "double-scale"
-    assert "Values of the output differ" in checks["flash-calls-sdpa"]["message"]
+    assert checks["matches-reference"]["diagnosis"] == "double-scale"
+    assert "Values of the output differ" in checks["matches-reference"]["message"]
     assert checks["paths-agree"]["diagnosis"] == "double-scale"
+    assert checks["flash-calls-sdpa"]["status"] == "passed"   # the call itself is right: the values say the rest
     assert checks["manual-path-avoids-sdpa"]["status"] == "passed"
     assert result["diagnoses"] == ["double-scale"]
 
 
-def test_explicit_scale_on_pre_scaled_q_is_named(grade_source):
+def test_the_default_scale_passed_explicitly_gets_full_marks(grade_source):
+    source = flash("F.scaled_dot_product_attention(q, k, v, is_causal=True, "
+                   "dropout_p=self.dropout if self.training else 0, scale=k.size(-1) ** -0.5)")
+    result = grade_source("sdpa-swap", source)
+    assert result["score"] == result["max_score"], [c["message"] for c in result["checks"] if c["status"] != "passed"]
+
+
+def test_a_scale_argument_that_scales_twice_is_double_scale(grade_source):
+    source = flash("F.scaled_dot_product_attention(q, k, v, is_causal=True, "
+                   "dropout_p=self.dropout if self.training else 0, scale=1 / k.size(-1))")
+    checks = checks_by_id(grade_source("sdpa-swap", source))
+    assert "a scale other than 1/sqrt(head_dim)" in checks["flash-calls-sdpa"]["message"]
+    assert "scale=0.0833333" in checks["flash-calls-sdpa"]["message"]
+    assert checks["flash-calls-sdpa"]["diagnosis"] == "double-scale"
+    assert checks["matches-reference"]["diagnosis"] == "double-scale"
+
+
+def test_explicit_default_scale_on_pre_scaled_q_loses_the_value_checks(grade_source):
     source = flash("F.scaled_dot_product_attention(q / math.sqrt(k.size(-1)), k, v, is_causal=True, "
                    "dropout_p=self.dropout if self.training else 0, scale=1 / math.sqrt(k.size(-1)))")
-    check = checks_by_id(grade_source("sdpa-swap", source))["flash-calls-sdpa"]
-    assert "passes `scale`" in check["message"] and "scale=0.288675" in check["message"]
-    assert check["diagnosis"] == "double-scale"
+    checks = checks_by_id(grade_source("sdpa-swap", source))
+    assert checks["flash-calls-sdpa"]["status"] == "passed"
+    assert checks["matches-reference"]["diagnosis"] == "double-scale"
 
 
 def test_sdpa_dropout_in_eval(grade_source):
@@ -149,7 +167,7 @@ def test_manual_path_scaled_by_n_embd_is_paths_disagree(grade_source):
     checks = checks_by_id(result)
     assert "The two paths compute different functions" in checks["paths-agree"]["message"]
     assert checks["paths-agree"]["diagnosis"] == "paths-disagree"
-    assert checks["manual-path-avoids-sdpa"]["status"] == "failed"
+    assert checks["manual-path-avoids-sdpa"]["status"] == "passed"   # it calls no SDPA: the values say the rest
     assert checks["flash-calls-sdpa"]["status"] == "passed"
 
 
@@ -166,10 +184,40 @@ def test_mask_as_plain_attribute_or_not_persistent(grade_source):
     plain = SOLUTION.replace(register, "self.mask = torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size)")
     result = grade_source("sdpa-swap", plain)
     assert 'no buffer named "mask"' in checks_by_id(result)["mask-is-buffer"]["message"]
-    assert result["diagnoses"] == ["mask-not-buffer"] and result["score"] == 8
+    assert result["diagnoses"] == ["mask-not-buffer"] and result["score"] == 9
     hidden = SOLUTION.replace(register, register[:-1] + ", persistent=False)")
-    check = checks_by_id(grade_source("sdpa-swap", hidden))["mask-is-buffer"]
-    assert "persistent=False" in check["message"] and check["diagnosis"] == "mask-not-buffer"
+    result = grade_source("sdpa-swap", hidden)
+    assert result["score"] == result["max_score"] and result["diagnoses"] == []
+
+
+def test_a_buffer_registered_with_persistent_false_moves_with_to():
+    """What mask-not-buffer's explanation says of buffers, held to PyTorch: every buffer moves with
+    .to(), persistent or not; only a plain attribute stays behind."""
+    from graders.engine.manifest import find
+
+    m = nn.Module()
+    m.register_buffer("mask", torch.ones(4, 4).tril(), persistent=False)
+    m.plain = torch.ones(4, 4).tril()
+    m.to(device="meta", dtype=torch.float64)
+    assert (m.mask.device.type, m.mask.dtype) == ("meta", torch.float64) and "mask" not in m.state_dict()
+    assert m.plain.device.type == "cpu"
+    explain = find("sdpa-swap").diagnoses["mask-not-buffer"].explain
+    assert "plain tensor attribute" in explain and "persistent=False ones too" in explain
+
+
+def test_manual_path_without_attention_dropout_is_named(grade_source):
+    result = grade_source("sdpa-swap", SOLUTION.replace("            att = self.attn_dropout(att)\n", ""))
+    checks = checks_by_id(result)
+    assert checks["manual-path-dropout"]["diagnosis"] == "manual-path-no-dropout"
+    assert result["diagnoses"] == ["manual-path-no-dropout"] and result["score"] == 9
+
+
+def test_softmax_in_float32_inside_passes_with_a_note(grade_source):
+    result = grade_source("sdpa-swap", SOLUTION.replace("att = F.softmax(att, dim=-1)",
+                                                        "att = F.softmax(att.float(), dim=-1).type_as(q)"))
+    assert result["score"] == result["max_score"], [c["message"] for c in result["checks"] if c["status"] != "passed"]
+    noted = {c["id"] for c in result["checks"] if "float32-inside" in c.get("notes", [])}
+    assert {"matches-reference", "eval-deterministic", "manual-path-dropout"} <= noted
 
 
 def test_unsliced_mask_fails_only_for_short_sequences(grade_source):
