@@ -76,6 +76,16 @@ class DropoutInEval(MultiHeadSelfAttention):
         return att @ v, att
 
 
+class WeightsBeforeDropout(MultiHeadSelfAttention):
+    def attend(self, q, k, v, causal):
+        T = q.size(-2)
+        att = (q @ k.transpose(-2, -1)) * self.scale
+        if causal:
+            att = att.masked_fill(~self.causal_mask(T, q.device), float("-inf"))
+        att = F.softmax(att, dim=-1)
+        return self.attn_dropout(att) @ v, att   # d2l keeps the weights before dropout to return
+
+
 class BannedApi(MultiHeadSelfAttention):
     def attend(self, q, k, v, causal):
         _, att = super().attend(q, k, v, causal)   # the weights by hand, the output from SDPA
@@ -94,5 +104,6 @@ BUGS = {
     "missing-out-proj": {"MultiHeadSelfAttention": MissingOutProj},
     "qkv-split-order": {"MultiHeadSelfAttention": QkvSplitOrder},
     "dropout-in-eval": {"MultiHeadSelfAttention": DropoutInEval},
+    "weights-before-dropout": {"MultiHeadSelfAttention": WeightsBeforeDropout},
     "banned-api": {"MultiHeadSelfAttention": BannedApi},
 }
