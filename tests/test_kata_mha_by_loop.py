@@ -192,3 +192,47 @@ def test_an_upcast_result_fails_only_the_float32_check(grade_source):
     message = checks["float32-matches-module"]["message"]
     assert "The output has the wrong dtype" in message and "got: torch.float64" in message
     assert [c for c, v in checks.items() if v["status"] != "passed"] == ["float32-matches-module"]
+
+
+FUNCTION_ONLY = '''import math
+
+import torch
+import torch.nn.functional as F
+
+
+def mha_by_loop(mha, x):
+''' + LOOP
+
+
+def test_a_file_holding_only_the_function_is_graded_with_the_given_class(grade_source):
+    result = grade_source("mha-by-loop", FUNCTION_ONLY)
+    assert result["score"] == result["max_score"], [c["message"] for c in result["checks"] if c["status"] != "passed"]
+
+
+def test_a_file_holding_only_a_wrong_function_gets_its_diagnosis(grade_source):
+    result = grade_source("mha-by-loop", FUNCTION_ONLY.replace("/ math.sqrt(hd)", "/ math.sqrt(C)"))
+    checks = checks_by_id(result)
+    assert checks["matches-module"]["diagnosis"] == "scale-by-d-model"
+    assert checks["given-class-unchanged"]["status"] == "passed"
+
+
+def test_a_true_loop_with_a_wrong_scale_keeps_the_property_checks(grade_source):
+    result = grade_source("mha-by-loop", learner_file(LOOP.replace("/ math.sqrt(hd)", "/ math.sqrt(C)")))
+    checks = checks_by_id(result)
+    assert [c for c, v in checks.items() if v["status"] != "passed"] == ["matches-module", "float32-matches-module"]
+    assert result["diagnoses"] == ["scale-by-d-model"]
+
+
+def test_softmax_in_float32_inside_passes_with_a_note(grade_source):
+    result = grade_source("mha-by-loop", learner_file(LOOP.replace(
+        'att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)',
+        'att = F.softmax(att.masked_fill(~mask, float("-inf")).float(), dim=-1).type_as(q)')))
+    assert result["score"] == result["max_score"], [c["message"] for c in result["checks"] if c["status"] != "passed"]
+    assert "float32-inside" in checks_by_id(result)["matches-module"]["notes"]
+
+
+def test_a_given_class_whose_mask_was_made_persistent_is_changed(grade_source):
+    source = learner_file(LOOP, replace=[(", persistent=False)", ")")])
+    checks = checks_by_id(grade_source("mha-by-loop", source))
+    assert "no longer holds the original layers and buffer" in checks["given-class-unchanged"]["message"]
+    assert [c for c, v in checks.items() if v["status"] != "passed"] == ["given-class-unchanged"]
