@@ -116,19 +116,22 @@ def compare(learner, bugs, kata, rng, device, cfg, causal, *, dtype=torch.float6
     B, T, d, H, Hkv = cfg
     sd = {k: v.to(dtype) for k, v in weights(rng, d, H, Hkv).items()}
     x = normal(rng, B, T, d).to(dtype)
-    tol = kata.tolerance(dtype)
+    tol, loose = kata.tolerance(dtype), kata.tolerance("float32")
     call = f"GroupedQueryAttention({d}, {H}, {Hkv})(x, causal={causal})"
     case = CASE.format(dtype=str(dtype).removeprefix("torch."), B=B, T=T, d=d, H=H, Hkv=Hkv) + "; eval mode"
     got = build(learner, device, sd, H, Hkv)(x, causal=causal)
-    diagnose = lambda: bugs.match(got, lambda impl: trusted(impl.GroupedQueryAttention, sd, H, Hkv, x, causal), **tol)
+    # Matched within float32 rounding, so that a bug written with Llama's float32 softmax is named too.
+    diagnose = lambda: bugs.match(got, lambda impl: trusted(impl.GroupedQueryAttention, sd, H, Hkv, x, causal),
+                                  **loose)
     if oracle == "mha":
         expected, against = torch_mha(sd, H, x, causal), "nn.MultiheadAttention(bias=False) with the same weights"
     else:
         expected, against = sdpa_gqa(sd, H, Hkv, x, causal), SDPA.format(causal=causal)
+    # These checks are about grouping, scale and masking: a float32 softmax inside passes, with a note.
     expect.array(got, expected, call=call, case=case, what="the output", diagnose=diagnose, device=device,
-                 against=against, **tol)
+                 against=against, **tol, float32_inside=loose)
     expect.array(got, trusted(bugs.reference.GroupedQueryAttention, sd, H, Hkv, x, causal), call=call, case=case,
-                 what="the output", diagnose=diagnose, device=device, **tol)
+                 what="the output", diagnose=diagnose, device=device, **tol, float32_inside=loose)
 
 
 def kv_heads(t, x) -> str:
@@ -207,25 +210,19 @@ def test_rejects_bad_divisibility(learner):
                              "n_heads % n_kv_heads == 0 before anything else")
 
 
-def test_banned_api(learner, bugs, kata, rng, device):
+def test_banned_api(learner, kata, rng, device):
     """no SDPA or nn.MultiheadAttention: attention written by hand"""
+    # Only this property: a forward that completes without a library attention, whatever it returns.
     B, T, d, H, Hkv = CONFIGS[0]
     call = f"GroupedQueryAttention({d}, {H}, {Hkv})(x, causal=True)"
     case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H, Hkv=Hkv) + "; eval mode"
-    sd = weights(rng, d, H, Hkv)
-    m = build(learner, device, sd, H, Hkv)
+    m = build(learner, device, weights(rng, d, H, Hkv), H, Hkv)
     m(normal(rng, B, T, d), causal=True)   # first call: lets lazy imports happen before recording
     x = normal(rng, B, T, d)   # fresh: no earlier call saw it, so memoised outputs cannot skip the ops
     with learner.recording() as ops:
-        got = m(x, causal=True)
+        m(x, causal=True)
     used = banned_used(learner.source, ops, kata.banned)
-    expect.that(not used, "The module uses a library attention this kata forbids.", call=call,
+    expect.that(not used, "The module uses a library attention this kata forbids.", call=call, case=case,
                 got=", ".join(used), expected="attention written with matmul, masked_fill and softmax",
                 diagnose=lambda: "banned-api")
-    # The point is for attention written by hand, so the module must also compute it.
-    tol = kata.tolerance("float64")
-    expect.array(got, sdpa_gqa(sd, H, Hkv, x, True), call=call, case=case, what="the output", device=device,
-                 against=SDPA.format(causal=True), **tol,
-                 diagnose=lambda: bugs.match(got, lambda impl: trusted(impl.GroupedQueryAttention, sd, H, Hkv, x, True),
-                                             **tol))
     check_untampered(learner.source, call=call, case=case)

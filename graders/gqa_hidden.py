@@ -15,7 +15,7 @@ def test_mqa_single_kv_head(learner, bugs, kata, rng, device):
 
 
 def test_causal_ignores_future(learner, bugs, kata, rng, device):
-    """causal=True: changing later tokens leaves earlier outputs unchanged, and the first token sees only itself"""
+    """causal=True (the default): changing later tokens leaves earlier outputs unchanged; the first token sees only itself"""
     B, T, d, H, Hkv = CONFIGS[0]
     t0, hd = 3, d // H
     tol = kata.tolerance("float64")
@@ -29,7 +29,7 @@ def test_causal_ignores_future(learner, bugs, kata, rng, device):
     for got in (before, after):
         output_form(got, B=B, T=T, d=d, dtype=torch.float64, device=device, call=call, case=case)
     diagnose = lambda: bugs.match((before, after), lambda impl: tuple(
-        trusted(impl.GroupedQueryAttention, sd, H, Hkv, xs, True) for xs in (x, x_new)), **tol)
+        trusted(impl.GroupedQueryAttention, sd, H, Hkv, xs, True) for xs in (x, x_new)), **kata.tolerance("float32"))
     problem = expect.mismatch(after[:, :t0], before[:, :t0], **tol)
     expect.that(problem is None, f"With causal=True, changing tokens {t0}..{T - 1} changed the output at positions "
                 f"0..{t0 - 1}: the future leaks into the past.", call=call, case=case,
@@ -43,3 +43,11 @@ def test_causal_ignores_future(learner, bugs, kata, rng, device):
                 "be o_proj of its own values, query head j taking KV head j // (n_heads // n_kv_heads).",
                 call=call, case=case, got=f"the output at position 0: {problem}",
                 expected="out[:, 0] = o_proj(the values of token 0, query head j reading KV head j // n_rep)", diagnose=diagnose)
+    # causal=True is forward's default: a decoder called as m(x) must not see the future either.
+    default, call = m(x), call.replace(", causal=True", "")
+    output_form(default, B=B, T=T, d=d, dtype=torch.float64, device=device, call=call, case=case)
+    problem = expect.mismatch(default, before, **tol)
+    expect.that(problem is None, "Called without `causal`, the module does not give its causal=True output: "
+                "forward's default must be causal=True.", call=call, case=case,
+                got=f"m(x) differs from m(x, causal=True): {problem}", expected="m(x) == m(x, causal=True)",
+                diagnose=lambda: "no-causal-mask")

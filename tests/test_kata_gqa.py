@@ -101,9 +101,10 @@ def test_tiled_repeat_is_named_in_repeat_kv_and_in_forward(grade_source):
     result = grade_source("gqa", SOLUTION.replace("torch.repeat_interleave(x, n_rep, dim=1)", "x.repeat(1, n_rep, 1, 1)"))
     checks = checks_by_id(result)
     assert "output heads [kv0, kv1, kv0, kv1, kv0, kv1]" in checks["repeat-kv-interleaves"]["message"]
-    for check in ("repeat-kv-interleaves", "matches-sdpa-gqa", "causal-ignores-future", "banned-api"):
+    for check in ("repeat-kv-interleaves", "matches-sdpa-gqa", "causal-ignores-future"):
         assert checks[check]["diagnosis"] == "kv-repeat-tiled", check
     assert "the first token may attend only to itself" in checks["causal-ignores-future"]["message"]
+    assert checks["banned-api"]["status"] == "passed"   # it judges only what the module calls
     assert checks["mqa-single-kv-head"]["status"] == "passed"   # one KV head: tiling and interleaving agree
     assert result["diagnoses"] == ["kv-repeat-tiled"]
 
@@ -126,7 +127,8 @@ def test_scale_by_d_model(grade_source):
     checks = checks_by_id(result)
     for check in ("matches-sdpa-gqa", "equals-mha-when-kv-equals-heads", "mqa-single-kv-head"):
         assert checks[check]["diagnosis"] == "scale-by-d-model", check
-    assert checks["causal-ignores-future"]["status"] == "passed"
+    for check in ("causal-ignores-future", "banned-api"):   # properties a wrong scale keeps
+        assert checks[check]["status"] == "passed", check
     assert result["diagnoses"] == ["scale-by-d-model"]
 
 
@@ -162,3 +164,48 @@ def test_bad_groups_must_raise_value_or_assertion_error(grade_source):
                               "if n_heads % n_kv_heads:\n            raise RuntimeError('bad groups')")
     message = checks_by_id(grade_source("gqa", source))["rejects-bad-divisibility"]["message"]
     assert "cannot be split into 4 equal groups" in message and "RuntimeError: bad groups" in message
+
+
+# Llama's habit (and Hugging Face's, with dtype=torch.float32): the softmax in float32, cast back.
+FLOAT32_SOFTMAX = SOLUTION.replace("y = F.softmax(att, dim=-1) @ v", "y = F.softmax(att.float(), dim=-1).type_as(q) @ v")
+
+
+def test_a_float32_softmax_inside_gets_full_marks_with_a_note(grade_source):
+    assert FLOAT32_SOFTMAX != SOLUTION
+    result = grade_source("gqa", FLOAT32_SOFTMAX, seed=2)
+    assert result["score"] == result["max_score"], [c["message"] for c in result["checks"] if c["status"] != "passed"]
+    for check in ("matches-sdpa-gqa", "equals-mha-when-kv-equals-heads", "mqa-single-kv-head"):
+        assert "float32-inside" in str(checks_by_id(result)[check]["notes"]), check
+
+
+def test_a_float32_softmax_is_off_by_more_than_the_float64_tolerance():
+    """The float32-inside tolerance is what lets Llama's habit pass: float64's alone refuses it."""
+    from graders.engine import expect
+    from graders.engine.manifest import find
+
+    class Float32Softmax(GroupedQueryAttention):
+        def forward(self, x, causal=True):
+            B, T, C = x.shape
+            q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+            k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+            v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+            k, v = k.repeat_interleave(self.n_rep, 1), v.repeat_interleave(self.n_rep, 1)
+            att = torch.softmax((q @ k.transpose(-2, -1) * self.scale).float(), dim=-1).type_as(q)
+            return self.o_proj((att @ v).transpose(1, 2).reshape(B, T, C))
+
+    rng = np.random.default_rng(1)
+    B, T, d, H, Hkv = CONFIGS[0]
+    sd, x = weights(rng, d, H, Hkv), normal(rng, B, T, d)
+    got = trusted(Float32Softmax, sd, H, Hkv, x, False)
+    kata = find("gqa")
+    assert expect.mismatch(got, sdpa_gqa(sd, H, Hkv, x, False), **kata.tolerance("float64")) is not None
+    assert expect.mismatch(got, sdpa_gqa(sd, H, Hkv, x, False), **kata.tolerance("float32")) is None
+
+
+def test_a_forward_whose_default_is_not_causal_is_caught(grade_source):
+    source = SOLUTION.replace("def forward(self, x, causal=True):", "def forward(self, x, causal=False):")
+    assert source != SOLUTION
+    result = grade_source("gqa", source)
+    check = checks_by_id(result)["causal-ignores-future"]
+    assert "forward's default must be causal=True" in check["message"] and check["diagnosis"] == "no-causal-mask"
+    assert [c["id"] for c in result["checks"] if c["status"] != "passed"] == ["causal-ignores-future"]
