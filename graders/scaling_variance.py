@@ -124,7 +124,7 @@ def check_same_seed(first, again, different, *, call, other_call):
 
 
 def test_seeded_draws_reproducible(learner, bugs, rng):
-    """a seed gives the same float every time, another seed another float"""
+    """a seed gives the same float every time, another seed another float, and the defaults answer as spelled out"""
     seed, other = seeds(rng, 2)
     call, other_call = (call_text("sample_score_std", (32, "sqrt", 10_000, s), {}) for s in (seed, other))
     first = learner.sample_score_std(32, "sqrt", 10_000, seed)
@@ -146,6 +146,26 @@ def test_seeded_draws_reproducible(learner, bugs, rng):
                                            else "n_keys 16, scale 'sqrt', n_trials 2_000, seed 0."),
                     call=f"{name}(64), then {call_text(name, args, {})}",
                     got=f"{default!r}, then {spelled!r}", expected="the same float twice")
+
+
+def test_scores_are_dot_products(learner, rng):
+    """the samples are dot products q·k: at d_k = 1 their sample std scatters as a product of two normals' does"""
+    # Only a product's shape can tell q·k from another variable of the same std (a sum of the
+    # entries of q, say). A sample std over n draws of kurtosis κ has variance about (κ - 1) / (4 n)
+    # of its square mean: at d_k = 1 a score q₁k₁ has κ = 9 (2 / n), a normal has κ = 3 (0.5 / n).
+    # Over 300 seeds the log of that relative variance has standard deviation about
+    # sqrt(2 / 299) = 0.082, and log 2 = 0.69 (8 of them) separates each value from the threshold
+    # 1 / n, their geometric mean: a correct sampler fails with a probability far below 1e-9.
+    n_samples, n_seeds = 1_000, 300
+    stds = np.array([learner.sample_score_std(1, "none", n_samples, seed) for seed in seeds(rng, n_seeds)], float)
+    spread = np.var(stds, ddof=1) / np.mean(stds) ** 2
+    expect.that(spread > 1 / n_samples,
+                "Your samples do not look like dot products q·k: at d_k = 1 a score is the product of two "
+                "independent normals, whose heavy tails make its sample std scatter over seeds twice as much "
+                "as a normal variable's.", call=f"sample_score_std(1, 'none', {n_samples}, seed) for {n_seeds} seeds",
+                got=f"relative variance of the {n_seeds} sample stds {spread:.3g}",
+                expected=f"about {2 / n_samples:g} for q·k (a normal score gives {0.5 / n_samples:g}); above "
+                         f"{1 / n_samples:g}")
 
 
 # --- mean_max_weight -----------------------------------------------------------------------------

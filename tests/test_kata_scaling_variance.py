@@ -153,3 +153,12 @@ def test_defaults_other_than_the_api_fail_seeded_draws_reproducible(grade_source
         check = checks_by_id(result)["seeded-draws-reproducible"]
         assert [c["id"] for c in result["checks"] if c["status"] != "passed"] == ["seeded-draws-reproducible"]
         assert "with its defaults spelled out differ" in check["message"]
+
+
+def test_scores_of_the_right_std_that_are_not_dot_products_fail_only_that_check(grade_source):
+    # sum(q) has std sqrt(d_k) like q·k: only the spread of its sample std over seeds tells them apart.
+    source = SOLUTION.replace('return np.std(np.einsum("nd,nd->n", pairs[:, 0], pairs[:, 1]) / s)',
+                              "return np.std(pairs[:, 0].sum(axis=-1) / s)")
+    result = grade_source("scaling-variance", source)
+    assert [c["id"] for c in result["checks"] if c["status"] != "passed"] == ["scores-are-dot-products"]
+    assert "do not look like dot products" in checks_by_id(result)["scores-are-dot-products"]["message"]
