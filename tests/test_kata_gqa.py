@@ -4,6 +4,8 @@ import numpy as np
 import torch
 
 from conftest import checks_by_id
+from graders.engine import expect
+from graders.engine.manifest import find
 from graders.gqa import CONFIGS, normal, sdpa_gqa, torch_mha, trusted, weights
 from reference.gqa import GroupedQueryAttention
 
@@ -180,9 +182,6 @@ def test_a_float32_softmax_inside_gets_full_marks_with_a_note(grade_source):
 
 def test_a_float32_softmax_is_off_by_more_than_the_float64_tolerance():
     """The float32-inside tolerance is what lets Llama's habit pass: float64's alone refuses it."""
-    from graders.engine import expect
-    from graders.engine.manifest import find
-
     class Float32Softmax(GroupedQueryAttention):
         def forward(self, x, causal=True):
             B, T, C = x.shape

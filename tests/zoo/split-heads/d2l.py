@@ -6,7 +6,6 @@ kata keeps the four axes).
 What a grader could get wrong: reshape with -1 (free on a contiguous input, a copy otherwise) and
 a merge whose reshape copies the permuted tensor instead of failing as view would.
 """
-import torch
 
 
 def split_heads(X, num_heads):

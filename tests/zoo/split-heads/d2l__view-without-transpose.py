@@ -1,7 +1,6 @@
 """d2l's transpose_qkv with the heads reshaped straight into place, `X.reshape(B, num_heads, T, -1)`:
 the right shape, but the (B, T, C) memory read as (B, H, T, hd).
 """
-import torch
 
 
 def split_heads(X, num_heads):

@@ -6,7 +6,6 @@ The check raises BERT's ValueError, "The hidden size (%d) is not a multiple of t
 What a grader could get wrong: shapes built from torch.Size tuples, permute in place of
 transpose, and an error message formatted with %d.
 """
-import torch
 
 
 def split_heads(x, num_attention_heads):

@@ -1,7 +1,6 @@
 """Hugging Face BERT's merge with the permute left out: `context_layer.contiguous().view(B, T, all_head_size)`
 reads the (B, H, T, hd) memory as if it were (B, T, C).
 """
-import torch
 
 
 def split_heads(x, num_attention_heads):

@@ -4,7 +4,6 @@ to split, `y.transpose(1, 2).contiguous().view(B, T, C)` to merge, and an assert
 What a grader could get wrong: the split returns a non-contiguous view (no data moves), and the
 merge copies through `.contiguous()` before its view; the assert's message names both numbers.
 """
-import torch
 
 
 def split_heads(x, n_head):

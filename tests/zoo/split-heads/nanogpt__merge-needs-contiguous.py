@@ -1,7 +1,6 @@
 """nanoGPT's merge without its `.contiguous()`: `y.transpose(1, 2).view(B, T, C)` raises
 "view size is not compatible with input tensor's size and stride" on a contiguous y.
 """
-import torch
 
 
 def split_heads(x, n_head):

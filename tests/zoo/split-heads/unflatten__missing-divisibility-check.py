@@ -1,7 +1,6 @@
 """The unflatten idiom without its check: an indivisible C fails inside unflatten with a
 RuntimeError about sizes that does not say which argument is wrong.
 """
-import torch
 
 
 def split_heads(x, n_heads):
