@@ -62,3 +62,13 @@ def test_kata_lint_mutants_prints_the_table(kata_cmd):
     assert re.search(r"^softmax\s+4\s+\d+\s+\d+\s+\d+\s+\d+\.\d%", run.stdout, re.M), run.stdout
     assert run.returncode in (0, 1)
     assert (run.returncode == 0) == (" ok" in run.stdout.splitlines()[-1])
+
+
+def test_a_module_katas_equivalent_mutant_is_equivalent():
+    """Answers that hold objects (a module's handle, whose repr names an address) still compare."""
+    kata = find("mha")
+    reference = kata.reference_path.read_text()
+    split = "return t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)"
+    assert split in reference
+    swapped = _mutant(reference.replace(split, split.replace("transpose(1, 2)", "transpose(2, 1)")))
+    assert mutants.score(kata, seeds=[1], chosen=[swapped]).mutants[0].outcome == "equivalent"
