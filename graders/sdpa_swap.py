@@ -73,10 +73,15 @@ def case_text(x, n_head=H, block_size=BS, extra=""):
 
 
 def build(learner, device, sd, *, flash, dropout=0.0, n_head=H, block_size=BS):
-    """The learner's module: constructed, moved and cast with .to(), weights injected, eval mode."""
+    """The learner's module: constructed, moved and cast with .to(), weights injected, eval mode.
+    ``flash=None`` leaves flash and dropout out: the constructor's defaults."""
     n_embd = sd["proj.weight"].shape[0]
-    call = ctor(n_embd, n_head, block_size, dropout, flash)
-    m = learner.CausalSelfAttention(n_embd, n_head, block_size, dropout=dropout, flash=flash)
+    if flash is None:
+        call = f"CausalSelfAttention({n_embd}, {n_head}, {block_size})"
+        m = learner.CausalSelfAttention(n_embd, n_head, block_size)
+    else:
+        call = ctor(n_embd, n_head, block_size, dropout, flash)
+        m = learner.CausalSelfAttention(n_embd, n_head, block_size, dropout=dropout, flash=flash)
     params = {name: entry[0] for name, entry in learner.module_info(m)["parameters"].items()}
     want = shapes(n_embd)
     expect.that(params == want, "The module's parameters are not the ones the grader injects weights into.",
@@ -247,8 +252,8 @@ def test_flash_calls_sdpa(learner, bugs, kata, rng, device):
     """flash=True calls F.scaled_dot_product_attention once, with is_causal=True, no attn_mask, the default scale"""
     tol = kata.tolerance("float64")
     sd = weights(rng, C)
-    call = ctor(C, H, BS, 0.0, True) + "(x)"
-    m = build(learner, device, sd, flash=True)
+    call = f"CausalSelfAttention({C}, {H}, {BS})(x)"   # the defaults: flash=True, dropout=0.0
+    m = build(learner, device, sd, flash=None)
     forward(learner, m, normal(rng, B, BS, C))   # first call: lets lazy imports happen before recording
     x = normal(rng, B, BS, C)   # fresh: no earlier call saw it, so memoised outputs cannot skip the ops
     case = case_text(x, extra="eval mode")
@@ -281,7 +286,7 @@ def test_flash_calls_sdpa(learner, bugs, kata, rng, device):
 
 
 def test_sdpa_dropout_follows_mode(learner, rng, device):
-    """the flash path passes dropout_p=0 to SDPA in eval mode and dropout_p=dropout in train mode"""
+    """the flash path passes dropout_p=0 to SDPA in eval mode and dropout_p=dropout in train mode (then drops the output too)"""
     sd = weights(rng, C)
     m = build(learner, device, sd, flash=True, dropout=P)
     forward(learner, m, normal(rng, B, BS, C))   # first call: lets lazy imports happen before recording
@@ -302,6 +307,19 @@ def test_sdpa_dropout_follows_mode(learner, rng, device):
                     "it does not know the mode, so pass `self.dropout if self.training else 0.0`.",
                     call=call, case=case, got=sdpa_text(calls[0]), expected=f"dropout_p={want:g}",
                     diagnose=lambda: "dropout-in-eval" if mode == "eval" else None)
+        if mode == "train":
+            check_output_dropout(ops, call=call, case=case)
+    x = normal(rng, B, BS, C)
+    call = f"CausalSelfAttention({C}, {H}, {BS}).train()(x)"   # dropout's default is 0.0
+    m = build(learner, device, sd, flash=None)
+    m.train()
+    with learner.recording() as ops:
+        forward(learner, m, x)
+    calls = sdpa_calls(ops)
+    expect.that([c["dropout_p"] for c in calls] == [0],
+                "Built with the default dropout, the flash path must pass dropout_p=0 to SDPA in train mode too: "
+                "dropout defaults to 0.0.", call=call, case=case_text(x, extra="train mode"),
+                got=", ".join(map(sdpa_text, calls)) or "no SDPA call", expected="dropout_p=0.0")
 
 
 def test_manual_path_avoids_sdpa(learner, rng, device):
@@ -347,24 +365,33 @@ def test_eval_deterministic(learner, bugs, kata, rng, device):
                       float32_inside=kata.tolerance("float32"), diagnose=diagnose)
 
 
-def attention_dropouts(ops, T, p):
-    """Recorded dropout calls, on in train mode with probability ``p``, on a tensor of attention
-    weights: its last two dims (T, T), whether all heads at once or one head at a time."""
+def dropouts(ops, p, shape):
+    """Recorded dropout calls, on in train mode with probability ``p``, on a tensor whose last dims
+    are ``shape``: (T, T) for attention weights, whether all heads at once or one head at a time;
+    (T, C) for the output."""
     found = []
     for op in ops:
         if op.get("kind") == "function" and op.get("name") in ("dropout", "dropout_"):
             args = op.get("args") if isinstance(op.get("args"), list) else []
             kwargs = op.get("kwargs") if isinstance(op.get("kwargs"), dict) else {}
             named = {**dict(zip(("input", "p", "training"), args)), **kwargs}
-            shape = named["input"].get("shape") if isinstance(named.get("input"), dict) else None
+            dims = named["input"].get("shape") if isinstance(named.get("input"), dict) else None
             if (named.get("training", True) is True and _positive(named.get("p")) and abs(named["p"] - p) < 1e-12
-                    and isinstance(shape, list) and shape[-2:] == [T, T]):
+                    and isinstance(dims, list) and dims[-len(shape):] == list(shape)):
                 found.append(op)
     return found
 
 
+def check_output_dropout(ops, *, call, case):
+    """resid_dropout ran on the (B, T, C) output, in train mode with p=P."""
+    expect.that(bool(dropouts(ops, P, (BS, C))), "In train mode the module does not drop out its output: "
+                "resid_dropout belongs after the output projection, on both paths.", call=call, case=case,
+                got="no dropout call on a (B, T, C) output recorded",
+                expected=f"self.resid_dropout(self.proj(y)), p={P}")
+
+
 def test_manual_path_dropout(learner, rng, device):
-    """flash=False in train mode applies dropout to the attention weights, as SDPA's dropout_p does"""
+    """flash=False in train mode applies dropout to the attention weights, as SDPA's dropout_p does, and to the output"""
     sd, x = weights(rng, C), normal(rng, B, BS, C)
     call = f"{ctor(C, H, BS, P, False)}.train()(x)"
     case = case_text(x, extra="train mode; every torch call recorded")
@@ -373,11 +400,12 @@ def test_manual_path_dropout(learner, rng, device):
     forward(learner, m, normal(rng, B, BS, C))   # first call: lets lazy imports happen before recording
     with learner.recording() as ops:
         forward(learner, m, x)
-    expect.that(bool(attention_dropouts(ops, BS, P)), "In train mode the manual path drops no attention weights: "
+    expect.that(bool(dropouts(ops, P, (BS, BS))), "In train mode the manual path drops no attention weights: "
                 f"the flash path's SDPA drops them with dropout_p={P}, so the two paths train different models.",
                 call=call, case=case, got="no dropout call on a (..., T, T) tensor of weights recorded",
                 expected=f"self.attn_dropout(att) on the softmaxed (B, n_head, {BS}, {BS}) weights, p={P}",
                 diagnose=lambda: "manual-path-no-dropout")
+    check_output_dropout(ops, call=call, case=case)
     check_untampered(learner.source, call=call, case=case)
 
 
