@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import math
 import re
 import time
@@ -193,18 +192,14 @@ class Learner:
             raise SandboxFailed(str(exc)[:1].upper() + str(exc)[1:], call=what) from None
         output = _output(reply)
         self._printed.append(output)
-        if self._trace is not None and header["op"] in ("call", "getattr"):
-            error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
-            answer = [reply.get("ok"), reply.get("value"), reply.get("args_after"), error.get("type")]
-            # an object's repr names its address, which differs between any two runs
-            text = re.sub(r" at 0x[0-9a-fA-F]+", "", json.dumps(answer, sort_keys=True, default=str))
-            self._trace.update(text.encode())
-            for blob in reply_blobs:
-                self._trace.update(blob)
+        traced = self._trace is not None and header["op"] in ("call", "getattr")
         if self._recording is not None and isinstance(reply.get("ops"), list):
             self._recording.extend(op for op in reply["ops"] if isinstance(op, dict))
         if not reply.get("ok"):
             error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+            if traced:
+                self._trace.update(f"raised {error.get('type')}".encode())
+                traced = False
             name = (label or what).split("(")[0]
             if error.get("missing"):
                 raise LearnerRaised(f"Your file has no {name!r} (or it lacks an attribute the call needs): "
@@ -218,7 +213,11 @@ class Learner:
             value = self._decode(reply.get("value"), reply_blobs)
             if echo:
                 args_after, kwargs_after = self._decode(reply["args_after"], reply_blobs)
+                if traced:
+                    self._trace.update(_fingerprint([value, args_after, kwargs_after]))
                 return value, args_after, kwargs_after
+            if traced:
+                self._trace.update(_fingerprint(value))
             return value
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             self._sandbox.restart()   # a worker that sends malformed values is not trusted again
@@ -312,6 +311,27 @@ class Learner:
         if device.type == "cuda" and torch.cuda.is_available():
             tensor = tensor.to(device)
         return tensor
+
+
+def _fingerprint(value) -> bytes:
+    """Bytes that equal values share, whatever holds them: a NumPy scalar is its number, an array
+    or tensor its dtype, shape and bytes; an object its repr without the address, which differs
+    between any two runs."""
+    if isinstance(value, (list, tuple)):
+        return b"[" + b",".join(_fingerprint(v) for v in value) + b"]"
+    if isinstance(value, dict):
+        return b"{" + b",".join(k.encode() + b":" + _fingerprint(v) for k, v in sorted(value.items())) + b"}"
+    if isinstance(value, np.generic):
+        value = value.item()
+    if type(value).__module__ == "torch" and type(value).__name__ == "Tensor":
+        import torch
+
+        t = value.detach().cpu()
+        half = t.is_floating_point() and t.element_size() == 2   # NumPy has no bfloat16: its bits
+        return f"tensor {t.dtype} ".encode() + _fingerprint((t.view(torch.int16) if half else t).numpy())
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} {value.shape} ".encode() + np.ascontiguousarray(value).tobytes()
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value)).encode()
 
 
 def _layout(t) -> list[int]:
