@@ -233,13 +233,23 @@ def trend(learner, bugs, rng, n_keys, scale, holds, message, expected):
 
 
 def test_unscaled_saturates(learner, bugs, rng):
-    """with scale "none" the max weight rises towards 1 with d_k (>= 0.9 at d_k = 512)"""
+    """with scale "none" the max weight rises towards 1 with d_k (>= 0.9 at d_k = 512), and stays finite at d_k = 2**19"""
     # Reference: about 0.43, 0.78, 0.945; 6 standard errors of one estimate over 1_000 trials are
     # at most 0.041 (0.022 at d_k = 512, so a correct answer clears 0.9).
     trend(learner, bugs, rng, 16, "none", lambda w: w[0] < w[1] < w[2] and w[2] >= 0.9,
           "Unscaled scores have std sqrt(d_k): as d_k grows one key takes nearly all the weight, so the "
           "mean max weight must rise with d_k and reach 0.9 by d_k = 512.",
           "rising with d_k, >= 0.9 at d_k = 512 (the softmax saturates)")
+    # At d_k = 2**19 unscaled scores have std 724 and a row spans ~1,500: exp of anything but
+    # scores minus the row's max overflows (exp(710) is inf in float64) and the weights turn NaN.
+    # 4 trials of 4 keys draw 67 MB. A max weight always lies in [1 / n_keys, 1].
+    d_k, n_keys, n_trials, seed = 2**19, 4, 4, seeds(rng, 1)[0]
+    call = call_text("mean_max_weight", (d_k, n_keys, "none", n_trials, seed), {})
+    got = learner.mean_max_weight(d_k, n_keys, "none", n_trials, seed)
+    check_float(got, call=call)
+    expect.that(1 / n_keys <= got <= 1, "The softmax overflowed for huge unscaled scores: subtract each row's max "
+                "before exp.", call=call, case="d_k = 2**19: scores spread over thousands", got=repr(got),
+                expected=f"a mean max weight in [1/{n_keys}, 1]")
 
 
 def test_linear_goes_uniform(learner, bugs, rng):

@@ -162,3 +162,13 @@ def test_scores_of_the_right_std_that_are_not_dot_products_fail_only_that_check(
     result = grade_source("scaling-variance", source)
     assert [c["id"] for c in result["checks"] if c["status"] != "passed"] == ["scores-are-dot-products"]
     assert "do not look like dot products" in checks_by_id(result)["scores-are-dot-products"]["message"]
+
+
+@pytest.mark.parametrize("shift", ["scores.min()", "0.0"])
+def test_a_softmax_that_overflows_at_huge_d_k_fails_unscaled_saturates_only(grade_source, shift):
+    """Subtracting the row's min (or nothing) is exact at the d_k of the trend, and NaN at d_k = 2**19."""
+    overflowing = SOLUTION.replace("np.exp(scores - scores.max())", f"np.exp(scores - {shift})")
+    result = grade_source("scaling-variance", overflowing, seed=5)
+    failed = {c["id"]: c["message"] for c in result["checks"] if c["status"] != "passed"}
+    assert list(failed) == ["unscaled-saturates"]
+    assert "overflowed for huge unscaled scores" in failed["unscaled-saturates"]
