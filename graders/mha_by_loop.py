@@ -5,18 +5,15 @@ same weights, never from the learner's copy of the class: editing the given clas
 """
 import ast
 import re
-import tempfile
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
 from graders.engine import expect
 from graders.engine.failures import CheckFailed, LearnerRaised
-from graders.engine.learner import Learner, describe_value
+from graders.engine.learner import describe_value
 from graders.engine.recording import recorded
-from graders.engine.runner import sandbox_for
 from graders.engine.structure import banned_used, check_untampered
 
 # (B, T, C, H): H != head_dim in each. In the first, B, T, H, head_dim, B*H and C all differ, so the
@@ -48,24 +45,11 @@ def given_class_source(kata) -> str:
     return f"\n\n\ndef _kit_given_class():\n{body}\n\n\n{GIVEN} = _kit_given_class()\n"
 
 
-class WithGivenClass(Learner):
-    """A learner file run with the kit's given class appended; its ``source`` stays the file as
-    handed in, which is what the structure checks scan."""
-
-    def __init__(self, sandbox, handed_in: str, **options):
-        super().__init__(sandbox, **options)
-        self.handed_in = handed_in
-
-    @property
-    def source(self) -> str:
-        return self.handed_in
-
-
 @pytest.fixture(scope="module")
 def learner(learner, kata, device):
     """The learner's code, with the kit's given class where the file defines none (students often
-    hand in the function alone). The worker serves no kit classes yet, so such a file runs in a
-    second sandbox with the given class appended."""
+    hand in the function alone): such a file runs in a second sandbox with the given class
+    appended, and is scanned as it was handed in."""
     try:
         names = learner.names()
     except CheckFailed:   # a file that does not load fails each check with its own message
@@ -73,12 +57,8 @@ def learner(learner, kata, device):
     if GIVEN in names or "mha_by_loop" not in names:
         yield learner
         return
-    with tempfile.TemporaryDirectory(prefix="kata-given-") as folder:
-        path = Path(folder) / learner.file_name
-        path.write_text(learner.source + given_class_source(kata), encoding="utf-8")
-        with sandbox_for(kata, path, device=device, zygote=learner._sandbox.zygote) as sandbox:
-            yield WithGivenClass(sandbox, learner.source, device=learner.device, seed=learner.seed,
-                                 trace=learner._trace)
+    with learner.appended(given_class_source(kata)) as extended:
+        yield extended
 
 
 def normal(rng, *shape, std=1.0):

@@ -15,6 +15,7 @@ gets the worker killed; the next request forks a fresh worker.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import select
@@ -316,7 +317,8 @@ class Sandbox:
     def __init__(self, source: Path, *, zygote: Zygote, framework: str, module_name: str, timeout_s: float,
                  import_timeout_s: float, memory_mb: int, data_limit: bool = True):
         self.zygote = zygote
-        self.source_text = Path(source).read_bytes()
+        self.source_text = Path(source).read_bytes()   # the file as handed in: what scans read
+        self.appended = b""   # trusted code the worker loads after it (see ``sibling``)
         self.file_name = Path(source).name
         self.framework = framework
         self.module_name = module_name
@@ -345,7 +347,8 @@ class Sandbox:
         req_r, self.req_w = os.pipe()
         self.resp_r, resp_w = os.pipe()
         err_r, err_w = os.pipe()
-        self.proc = self.zygote.fork(directory=self.tmp, file_name=self.file_name, source=self.source_text,
+        self.proc = self.zygote.fork(directory=self.tmp, file_name=self.file_name,
+                                     source=self.source_text + self.appended,
                                      framework=self.framework,
                                      memory_mb=self.memory_mb if self.data_limit else 0,
                                      fds=[req_r, resp_w, err_w], stderr_fd=err_r)
@@ -356,6 +359,15 @@ class Sandbox:
         self.ready = False
         self.loaded = None
         return self
+
+    def sibling(self, appended: bytes) -> "Sandbox":
+        """A new sandbox (not started) under the same zygote and limits whose worker loads this
+        file with ``appended`` after it: the kit's given code for a file that lacks it."""
+        other = copy.copy(self)
+        other.appended = self.appended + appended
+        other.proc = other.loaded = other.load_error = None
+        other.stderr_tail, other.timeouts = b"", 0
+        return other
 
     def close(self):
         if self.proc is not None:
