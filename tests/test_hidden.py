@@ -13,12 +13,17 @@ from graders.engine.runner import grade
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "graders/engine/result.schema.json").read_text())
 
-# Wrong everywhere, so every check fails and keeps what the file printed: the inputs it was given.
+# Wrong everywhere (values, a banned API, a write into its input), so every check fails and keeps
+# what the file printed: the inputs it was given.
 ECHO = '''import numpy as np
+import torch
 
 def softmax(x, axis=-1):
     print(x.shape, repr(float(np.nansum(np.where(np.isinf(x), 0, x)))))
-    return np.zeros_like(x)
+    torch.softmax(torch.zeros(1), 0)
+    out = np.zeros_like(x)
+    x *= 2
+    return out
 '''
 
 
