@@ -101,13 +101,7 @@ def torch_mha(sd, H, x, causal):
 
 def output_form(got, *, B, T, d, dtype, device, call, case):
     """A plain (B, T, d) tensor of the input's dtype on its device: what a property needs first."""
-    expect.type_of(got, torch.Tensor, call=call, case=case, what="the output")
-    expect.that(tuple(got.shape) == (B, T, d), "The output has the wrong shape.", call=call, case=case,
-                got=f"shape {tuple(got.shape)}", expected=f"shape {(B, T, d)}")
-    expect.that(got.dtype == dtype, "The output has the wrong dtype.", call=call, case=case,
-                got=str(got.dtype), expected=str(dtype))
-    expect.that(got.device.type == device, "The output is on the wrong device.", call=call, case=case,
-                got=str(got.device), expected=device)
+    expect.form(got, torch.Tensor, (B, T, d), dtype=dtype, device=device, call=call, case=case, what="the output")
 
 
 def compare(learner, bugs, kata, rng, device, cfg, causal, *, dtype=torch.float64, oracle="sdpa"):

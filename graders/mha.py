@@ -95,14 +95,7 @@ def pair_form(got, *, B, T, d, H, dtype, device, call, case):
     what property checks need before they look at values."""
     pair(got, call=call, case=case)
     for what, value, shape in (("the output", got[0], (B, T, d)), ("the weights", got[1], (B, H, T, T))):
-        expect.type_of(value, torch.Tensor, call=call, case=case, what=what)
-        Name = what.capitalize()
-        expect.that(tuple(value.shape) == shape, f"{Name} has the wrong shape.", call=call, case=case,
-                    got=f"shape {tuple(value.shape)}", expected=f"shape {shape}")
-        expect.that(value.dtype == dtype, f"{Name} has the wrong dtype.", call=call, case=case,
-                    got=str(value.dtype), expected=str(dtype))
-        expect.that(value.device.type == device, f"{Name} is on the wrong device.", call=call, case=case,
-                    got=str(value.device), expected=device)
+        expect.form(value, torch.Tensor, shape, dtype=dtype, device=device, call=call, case=case, what=what)
 
 
 def weights_diagnosis(w, causal):

@@ -167,18 +167,6 @@ def guarded(call_learner, C, *, call, case):
                     expected=f"a (B, T, {C}) tensor; head i uses channels i*head_dim to (i+1)*head_dim of q, k, v")
 
 
-def form(got, x, *, device, call, case, what="the output"):
-    """got is a plain tensor shaped, typed and placed like x: what a property check needs of it."""
-    expect.type_of(got, torch.Tensor, call=call, case=case, what=what)
-    Name = what[:1].upper() + what[1:]
-    expect.that(tuple(got.shape) == tuple(x.shape), f"{Name} has the wrong shape.", call=call, case=case,
-                got=f"shape {tuple(got.shape)}", expected=f"shape {tuple(x.shape)}, the input's")
-    expect.that(got.dtype == x.dtype, f"{Name} has the wrong dtype.", call=call, case=case,
-                got=str(got.dtype), expected=str(x.dtype))
-    expect.that(got.device.type == device, f"{Name} is on the wrong device.", call=call, case=case,
-                got=str(got.device), expected=device)
-
-
 def operand_shapes(op):
     """Shapes of the tensors a recorded call received (einsum may get them as a list)."""
     shapes = []
@@ -270,7 +258,8 @@ def test_eval_no_grad_safe(learner, kata, rng, device):
     m.requires_grad_(False)
     case = case_text(x, H, "weights frozen (requires_grad=False), as under torch.no_grad()")
     frozen, (_, x_after), _ = guarded(lambda: learner.mha_by_loop.echo(m, x), C, call=CALL, case=case)
-    form(frozen, x, device=device, call=CALL, case=case)
+    expect.form(frozen, torch.Tensor, x.shape, dtype=x.dtype, what="the output", device=device, call=CALL,
+                case=case)
     problem = expect.mismatch(x_after, x, rtol=0.0, atol=0.0)
     expect.that(problem is None, "mha_by_loop modified its input x in place.", call=CALL, case=case,
                 got=f"x after the call: {problem}",
@@ -299,7 +288,7 @@ def test_eval_no_grad_safe(learner, kata, rng, device):
                     "(no .numpy(), no in-place edits of x or of the weights).", call=CALL, case=case,
                     got=exc.message, expected="the module's output, computed with torch operations", output=exc.output)
     # Its own output without gradients is the yardstick: the values are the value checks' business.
-    form(got, x, device=device, call=CALL, case=case)
+    expect.form(got, torch.Tensor, x.shape, dtype=x.dtype, what="the output", device=device, call=CALL, case=case)
     problem = expect.mismatch(got, frozen, **kata.tolerance("float64"))
     expect.that(problem is None, "mha_by_loop gives another output when x requires grad.", call=CALL, case=case,
                 got=f"compared with the call on frozen weights: {problem}",
@@ -316,7 +305,8 @@ def test_given_class_unchanged(learner, bugs, kata, rng, device):
     own = m(x)   # before mha_by_loop runs: a loop that edits the weights fails eval-no-grad-safe, not this
     call = f"CausalSelfAttention({C}, {H}, {BLOCK})"
     # mha_by_loop must have been written: a stub earns nothing here. Its values are judged elsewhere.
-    form(guarded(lambda: learner.mha_by_loop(m, x), C, call=CALL, case=case), x, device=device, call=CALL, case=case)
+    out = guarded(lambda: learner.mha_by_loop(m, x), C, call=CALL, case=case)
+    expect.form(out, torch.Tensor, x.shape, dtype=x.dtype, what="the output", device=device, call=CALL, case=case)
     info, layout = learner.module_info(m), given_layout(bugs.reference.CausalSelfAttention, C, H)
     got = {"parameters": {k: v[0] for k, v in info["parameters"].items()},
            "buffers": {k: v[0] for k, v in info["buffers"].items()}, "state_dict": info["state_dict"]}

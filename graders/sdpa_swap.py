@@ -117,18 +117,6 @@ def trusted(cls, sd, x, *, flash, dropout=0.0, training=False, seed=0, n_head=H,
     return out.to(x.dtype)
 
 
-def form(got, x, *, device, call, case, what="the output"):
-    """got is a plain tensor shaped, typed and placed like x: what comparing two learner outputs needs."""
-    expect.type_of(got, torch.Tensor, call=call, case=case, what=what)
-    Name = what[:1].upper() + what[1:]
-    expect.that(tuple(got.shape) == tuple(x.shape), f"{Name} has the wrong shape.", call=call, case=case,
-                got=f"shape {tuple(got.shape)}", expected=f"shape {tuple(x.shape)}, the input's")
-    expect.that(got.dtype == x.dtype, f"{Name} has the wrong dtype.", call=call, case=case,
-                got=str(got.dtype), expected=str(x.dtype))
-    expect.that(got.device.type == device, f"{Name} is on the wrong device.", call=call, case=case,
-                got=str(got.device), expected=device)
-
-
 def sdpa_calls(ops):
     """Each recorded SDPA call as {parameter: value or tensor summary}: positional arguments named,
     defaults filled in, so `F.scaled_dot_product_attention(q, k, v, None, 0.0, True)` reads like
@@ -232,7 +220,8 @@ def test_paths_agree(learner, bugs, kata, rng, device):
         for flash in (True, False):
             call = ctor(C, H, BS, 0.0, flash) + "(x)"
             got[flash] = forward(learner, build(learner, device, sd, flash=flash), x)
-            form(got[flash], x, device=device, call=call, case=case)
+            expect.form(got[flash], torch.Tensor, x.shape, dtype=x.dtype, what="the output", device=device,
+                        call=call, case=case)
 
         def diagnose():
             code = bugs.match((got[True], got[False]), lambda impl: tuple(
@@ -351,7 +340,7 @@ def test_eval_deterministic(learner, bugs, kata, rng, device):
         m = build(learner, device, sd, flash=flash, dropout=P)
         with learner.recording() as ops:
             got = forward(learner, m, x)
-        form(got, x, device=device, call=call, case=case)
+        expect.form(got, torch.Tensor, x.shape, dtype=x.dtype, what="the output", device=device, call=call, case=case)
 
         def diagnose():
             if dropping_in_eval(ops):
@@ -525,7 +514,8 @@ def test_flash_beats_manual(learner, bugs, kata, rng):
         # The point is for the right function at this size too: causal attention makes the first
         # PREFIX outputs of sequence 0 a function of its first PREFIX tokens alone.
         got = forward(learner, m, x)
-        form(got, x, device="cuda", call=call, case=case)
+        expect.form(got, torch.Tensor, x.shape, dtype=x.dtype, what="the output", device="cuda", call=call,
+                    case=case)
         check_bf16(got[:1, :PREFIX], sd, x[:1, :PREFIX], flash=flash, bugs=bugs, kata=kata, call=f"{call}[:1, :{PREFIX}]",
                    case=case, n_head=BENCH_H, block_size=BENCH_T)
         measured[flash] = learner.measure(m, x, repeats=REPEATS)

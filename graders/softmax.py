@@ -76,21 +76,13 @@ def test_dtype_preserved(learner, bugs, kata, rng):
         check_values(got, x, -1, bugs, kata, f"x: {x.dtype} (3, 5)")
 
 
-def well_formed(got, x, call):
-    """A property check's floor: the call answered with a plain array of x's shape (what a property
-    means for a softmax); its values are the value checks' business."""
-    expect.type_of(got, np.ndarray, call=call)
-    expect.that(got.shape == x.shape, "The result's shape differs from the input's.", call=call,
-                got=f"shape {got.shape}", expected=f"shape {x.shape}")
-
-
 def test_input_not_modified(learner, rng):
     """the input array is not modified"""
     # Only this property: the value checks judge what comes back.
     x = rng.standard_normal((3, 5)) * 10
     for axis in (-1, 0):
         got, (x_after,), _ = learner.softmax.echo(x, axis=axis)
-        well_formed(got, x, f"softmax(x, axis={axis})")
+        expect.form(got, np.ndarray, x.shape, call=f"softmax(x, axis={axis})")   # a softmax's answer
         expect.that(np.array_equal(x_after, x), "softmax wrote into its input array.",
                     call=f"softmax(x, axis={axis})", case="x: float64 (3, 5)",
                     got="x changed by the call", expected="x left as it was: build new arrays instead of `x -= ...`")
@@ -103,7 +95,7 @@ def test_banned_api(learner, kata, rng):
     x = rng.standard_normal((3, 5))   # fresh: no earlier call saw it, so memoised outputs cannot skip the ops
     with learner.recording() as ops:
         got = learner.softmax(x, axis=-1)
-    well_formed(got, x, "softmax(x, axis=-1)")
+    expect.form(got, np.ndarray, x.shape, call="softmax(x, axis=-1)")
     used = banned_used(learner.source, ops, kata.banned)
     expect.that(not used, "softmax uses a library shortcut this kata forbids.", call="softmax(x, axis=-1)",
                 got=", ".join(used), expected="only NumPy operations", diagnose=lambda: "banned-api")

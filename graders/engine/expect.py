@@ -66,6 +66,20 @@ def type_of(got, expected_type: type, *, call: str, case: str | None = None, wha
              got=describe_value(got), expected=name)
 
 
+def form(got, expected_type: type, shape: tuple, *, call: str, case: str | None = None, dtype=None,
+         device: str | None = None, what: str = "the result"):
+    """``got`` is a plain ``expected_type`` of ``shape`` (and ``dtype``, and on ``device``, where
+    given): what a property check needs of an answer whose values other checks judge."""
+    type_of(got, expected_type, call=call, case=case, what=what)
+    Name = what[:1].upper() + what[1:]
+    that(tuple(got.shape) == tuple(shape), f"{Name} has the wrong shape.", call=call, case=case,
+         got=f"shape {tuple(got.shape)}", expected=f"shape {tuple(shape)}")
+    that(dtype is None or got.dtype == dtype, f"{Name} has the wrong dtype.", call=call, case=case,
+         got=str(got.dtype), expected=str(dtype))
+    that(device is None or got.device.type == device, f"{Name} is on the wrong device.", call=call, case=case,
+         got=str(getattr(got, "device", "")), expected=str(device))
+
+
 def array(got, expected, *, call: str, case: str | None = None, rtol: float, atol: float,
           diagnose: Diagnose = None, device: str | None = None, what: str = "the result",
           against: str = "the reference", float32_inside: dict | None = None):
