@@ -703,10 +703,8 @@ def _lint_mutants(katas, seeds: list[int], sample: int | None):
         except RunnerError as exc:
             raise EnvironmentProblem(str(exc)) from None
         scores.append(score)
-        for mutant in score.mutants:
-            if mutant.outcome == "survived":
-                click.echo(f"  {kata.slug}: survivor #{mutant.number} ({mutant.what}, line {mutant.line})")
-                click.echo("\n".join(f"      {line}" for line in mutant.diff.splitlines()))
+        for line in mutants.survivors(score):
+            click.echo(line)
     click.echo(mutants.table(scores))
     sys.exit(0 if all(s.ratio >= mutants.GOAL for s in scores) else 1)
 

@@ -38,10 +38,7 @@ def main():
     for score, seconds in zip(scores, times):
         print(f"{score.kata}: {seconds:.1f} s, {seconds / max(1, len(score.mutants)):.2f} s per mutant")
         if args.survivors:
-            for mutant in score.mutants:
-                if mutant.outcome == "survived":
-                    print(f"  survivor #{mutant.number} ({mutant.what}, line {mutant.line}):\n"
-                          + "\n".join(f"    {line}" for line in mutant.diff.splitlines()))
+            print("\n".join(mutants.survivors(score)) or "  no survivors")
 
 
 if __name__ == "__main__":

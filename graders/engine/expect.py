@@ -145,7 +145,7 @@ def values(got, expected, *, call: str, case: str | None = None, rtol: float, at
     within that tolerance, with a note."""
     problem = mismatch(got, expected, rtol=rtol, atol=atol)
     if problem is not None and float32_inside is not None and mismatch(got, expected, **float32_inside) is None:
-        worst = problem.rsplit("; ", 1)[-1]   # "max rel error ..."
+        worst = problem.rsplit("; ", 1)[-1]   # "max abs error ... at ..., max rel error ..."
         note(FLOAT32_INSIDE, f"{what[:1].upper() + what[1:]} agrees with {against} to float32 rounding only "
                              f"({worst}): your code computes in float32 inside, which this check accepts.")
         return

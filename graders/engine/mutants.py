@@ -74,8 +74,8 @@ def candidates(node) -> list[tuple[str, ast.AST]]:
     elif isinstance(node, ast.Constant) and type(node.value) in (int, float):
         found += [(f"{node.value!r} -> {node.value + d!r}", ast.Constant(node.value + d)) for d in (1, -1)]
     elif isinstance(node, ast.Constant) and node.value in ("-inf", "inf"):
-        found.append((f"{node.value} -> {node.value.lstrip('-') if node.value[0] == '-' else '-inf'}",
-                      ast.Constant("inf" if node.value == "-inf" else "-inf")))
+        flipped = "inf" if node.value == "-inf" else "-inf"
+        found.append((f"{node.value} -> {flipped}", ast.Constant(flipped)))
     elif isinstance(node, ast.Attribute) and node.attr in _RENAME:
         found.append((f".{node.attr} -> .{_RENAME[node.attr]}", ast.Attribute(node.value, _RENAME[node.attr], node.ctx)))
     elif isinstance(node, ast.Call):
@@ -137,7 +137,6 @@ class Mutant:
     source: str
     diff: str
     outcome: str = ""   # killed | equivalent | survived
-    detail: str = ""
 
 
 def mutants(source: str) -> list[Mutant]:
@@ -151,8 +150,8 @@ def mutants(source: str) -> list[Mutant]:
         mutator = _Mutate(number)
         mutated = ast.fix_missing_locations(mutator.visit(copy.deepcopy(tree)))
         text = ast.unparse(mutated)
-        diff = "\n".join(line for line in difflib.unified_diff(original, text.splitlines(), lineterm="", n=0)
-                         if line[:1] in "+-" and not line.startswith(("+++", "---")))
+        diff = "\n".join(row for row in difflib.unified_diff(original, text.splitlines(), lineterm="", n=0)
+                          if row[:1] in "+-" and not row.startswith(("+++", "---")))
         if diff:   # a change unparse cannot show (e.g. -0 -> 0) is no mutant
             found.append(Mutant(number, what, line, text + "\n", diff))
     return found
@@ -172,8 +171,7 @@ class Score:
         return self.count("killed") / judged if judged else 1.0
 
 
-def score(kata: Kata, *, seeds: list[int], sample: int | None = None, chosen: list[Mutant] | None = None,
-          progress=lambda mutant: None) -> Score:
+def score(kata: Kata, *, seeds: list[int], sample: int | None = None, chosen: list[Mutant] | None = None) -> Score:
     """Grade every mutant of ``kata``'s reference (the first ``sample`` of them, if given; or the
     ``chosen`` ones) and set each one's outcome."""
     if chosen is None:
@@ -195,14 +193,22 @@ def score(kata: Kata, *, seeds: list[int], sample: int | None = None, chosen: li
             for seed in seeds:
                 graded, digest = traced(mutant.source, seed)
                 if graded["score"] < graded["max_score"] or graded["status"] != "passed":
-                    failed = [c["id"] for c in graded["checks"] if c["status"] not in ("passed", "skipped")]
-                    mutant.outcome, mutant.detail = "killed", f"seed {seed}: {', '.join(failed)}"
+                    mutant.outcome = "killed"
                     break
                 same = same and digest == expected[seed]
             else:
                 mutant.outcome = "equivalent" if same else "survived"
-            progress(mutant)
     return result
+
+
+def survivors(score: Score) -> list[str]:
+    """Each survivor of ``score`` with its change, indented: what a grader still lets through."""
+    lines = []
+    for mutant in score.mutants:
+        if mutant.outcome == "survived":
+            lines.append(f"  {score.kata}: survivor #{mutant.number} ({mutant.what}, line {mutant.line})")
+            lines += [f"      {row}" for row in mutant.diff.splitlines()]
+    return lines
 
 
 def table(scores: list[Score]) -> str:

@@ -55,9 +55,6 @@ class Bugs:
         """(diagnosis code, oracle) for every variant."""
         return [(code_of(name), impl) for name, impl in self.impls.items()]
 
-    def output(self, name: str, compute: Callable):
-        return compute(self.impls[name])
-
     def match(self, got, compute: Callable, *, rtol: float, atol: float, among=None) -> str | None:
         """The code of the first bug whose output on this call is ``got``, if any."""
         with warnings.catch_warnings(), np.errstate(all="ignore"):   # bugs overflow by design

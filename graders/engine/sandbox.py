@@ -172,11 +172,10 @@ class Zygote:
     def _start(self):
         self.home = tempfile.mkdtemp(prefix="kata-zygote-")
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        flags = ["warm"] if self.warm else []
         if self.isolated:
             command = bwrap.command(self.frameworks.split(","), cuda=self.cuda, warm=self.warm)
         else:
-            command = [sys.executable, "-I", str(WORKER), self.frameworks, *flags]
+            command = [sys.executable, "-I", str(WORKER), self.frameworks, *(["warm"] if self.warm else [])]
         with open(Path(self.home) / "stderr", "wb") as err:
             self.proc = subprocess.Popen(command, cwd=self.home, env=scrubbed_env(self.home), stdin=theirs,
                                          stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
