@@ -1,4 +1,4 @@
-"""Grader of the causal-mask kata (KATAS.md §3)."""
+"""Grader of the causal-mask kata (katas/causal-mask/README.md)."""
 import numpy as np
 import torch
 import torch.nn.functional as F

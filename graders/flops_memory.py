@@ -1,4 +1,4 @@
-"""Grader of the flops-memory kata (KATAS.md §8).
+"""Grader of the flops-memory kata (katas/flops-memory/README.md).
 
 Every answer is a count, so it must be an int (or a float holding a whole number, with a note)
 and is compared exactly. Diagnoses ask each bug

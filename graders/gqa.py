@@ -1,4 +1,4 @@
-"""Grader of the gqa kata (KATAS.md §7)."""
+"""Grader of the gqa kata (katas/gqa/README.md)."""
 from math import prod
 
 import torch

@@ -1,4 +1,4 @@
-"""Grader of the mha kata (KATAS.md §5)."""
+"""Grader of the mha kata (katas/mha/README.md)."""
 from math import prod
 
 import torch

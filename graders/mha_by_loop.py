@@ -1,4 +1,4 @@
-"""Grader of the mha-by-loop kata (KATAS.md §6).
+"""Grader of the mha-by-loop kata (katas/mha-by-loop/README.md).
 
 Expected values come from the trusted CausalSelfAttention (reference/mha_by_loop.py) given the
 same weights, never from the learner's copy of the class: editing the given class gains nothing.

@@ -1,4 +1,4 @@
-"""Grader of the scaling-variance kata (KATAS.md §2).
+"""Grader of the scaling-variance kata (katas/scaling-variance/README.md).
 
 Two of the three functions are Monte-Carlo estimates, and the kata does not fix the order in which
 they draw. So they are judged within tolerances derived from their sample sizes, wide enough that
@@ -79,7 +79,7 @@ def std_rtol(d_k, n_samples):
 
     q·k sums d_k products q_i k_i of variance 1 and fourth moment 9, so its kurtosis is 3 + 6 / d_k.
     A sample variance has relative standard error sqrt((kurtosis - 1) / n), a sample std half that.
-    At n = 10_000 this is KATAS.md's 5 % (5.4 % at d_k = 16, 5.1 % at d_k = 64): a correct estimate
+    At n = 10_000 this is the kata's 5 % (5.4 % at d_k = 16, 5.1 % at d_k = 64): a correct estimate
     fails with probability about 3e-12, while a wrong scale or a variance is off by sqrt(d_k) >= 4.
     """
     return 7 * np.sqrt((2 + 6 / d_k) / n_samples) / 2

@@ -1,4 +1,4 @@
-"""Grader of the sdpa-swap kata (KATAS.md §9).
+"""Grader of the sdpa-swap kata (katas/sdpa-swap/README.md).
 
 The CPU checks compare both paths with the reference in float64 (and with each other in float32)
 and read the recorded F.scaled_dot_product_attention call. The @cuda checks run the flash path in
@@ -35,7 +35,7 @@ FUSED = ["torch.nn.functional.scaled_dot_product_attention", "torch.nn.Multihead
 
 # The @cuda checks: head_dim 64, which FlashAttention takes (a multiple of 8, at most 256).
 CUDA_C, CUDA_H, CUDA_T = 256, 4, 128
-# KATAS.md's benchmark size: B=4, H=16, head_dim=64, T=4096; the first PREFIX positions of
+# The benchmark size of the kata's README: B=4, H=16, head_dim=64, T=4096; the first PREFIX positions of
 # sequence 0 are checked against the float64 reference (causal: they see only the first PREFIX tokens).
 BENCH_B, BENCH_H, BENCH_T, PREFIX = 4, 16, 4096, 64
 MEMORY_RATIO, SPEEDUP = 20, 3
@@ -499,6 +499,11 @@ def judge_benchmark(flash, manual, *, case):
                 call="learner.measure(module, x)", case=case,
                 got=f"flash {flash['seconds'] * 1e3:.2f} ms, manual {manual['seconds'] * 1e3:.2f} ms per call",
                 expected=f"flash <= manual / {SPEEDUP}")
+    # The figures themselves, on a pass too: what the kit quotes is what this check measured.
+    expect.note("measured", f"measured: flash path {flash['peak_bytes'] / 2**20:,.1f} MiB peak, "
+                f"{flash['seconds'] * 1e3:.2f} ms per call; manual path {manual['peak_bytes'] / 2**20:,.1f} MiB, "
+                f"{manual['seconds'] * 1e3:.2f} ms: {manual['peak_bytes'] / flash['peak_bytes']:.0f}x less memory, "
+                f"{manual['seconds'] / flash['seconds']:.1f}x faster")
 
 
 @pytest.mark.cuda

@@ -1,4 +1,4 @@
-"""Grader of the softmax kata (KATAS.md §1)."""
+"""Grader of the softmax kata (katas/softmax/README.md)."""
 import numpy as np
 
 from graders.engine import expect

@@ -1,4 +1,4 @@
-"""Grader of the split-heads kata (KATAS.md §4).
+"""Grader of the split-heads kata (katas/split-heads/README.md).
 
 The expected values come from an independent oracle (slicing and concatenating the channel blocks
 of each head), not from the reference's view and transpose.

@@ -1,4 +1,4 @@
-"""Causal and padding masks, and attention that honours them (KATAS.md §3).
+"""Causal and padding masks, and attention that honours them (katas/causal-mask/README.md).
 
 Masks follow F.scaled_dot_product_attention: True = this query may attend to this key.
 """

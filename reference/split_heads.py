@@ -1,5 +1,5 @@
 """Splitting the channels of a (B, T, C) tensor into attention heads, and merging them back
-(KATAS.md §4).
+(katas/split-heads/README.md).
 
 Head h owns the channels h*hd to (h+1)*hd, with hd = C // H: the layout of nanoGPT's attention, of
 nn.MultiheadAttention and of every GPT-2 checkpoint.

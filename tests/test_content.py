@@ -1,11 +1,14 @@
 """Content is checked like code: for every kata found in katas/, the reference passes with full
 score, the stub is not-started, every bug oracle is caught with its own diagnosis code, tampering
 is diagnosed where the manifest declares it, and stub and reference share names, signatures and
-docstrings."""
+docstrings, and its files cite only what ships."""
+import dataclasses
+import shutil
+
 import pytest
 
-from graders.engine.lint import check_api
-from graders.engine.manifest import katas
+from graders.engine.lint import check_api, check_citations
+from graders.engine.manifest import find, katas
 from graders.engine.oracles import Bugs, code_of
 from graders.engine.structure import TAMPERING, TAMPERING_PROBE
 
@@ -67,3 +70,18 @@ def test_diagnoses_documented_and_every_task_hinted(slug):
     assert set(kata.diagnoses) - {TAMPERING} == set(Bugs(kata).codes)
     assert all(task.hints for task in kata.tasks)
     assert all(d.explain and d.fix for d in kata.diagnoses.values())
+
+
+@pytest.mark.parametrize("slug", KATAS)
+def test_files_cite_only_what_ships(slug):
+    ok, what = check_citations(find(slug))
+    assert ok, what
+
+
+def test_a_citation_of_the_authors_pages_is_found(tmp_path):
+    kata = find("softmax")
+    shutil.copytree(kata.dir, tmp_path / "softmax")
+    readme = tmp_path / "softmax" / "README.md"
+    readme.write_text(readme.read_text() + "\nThe tolerances are those of KATAS.md §1.\n")
+    ok, what = check_citations(dataclasses.replace(kata, dir=tmp_path / "softmax"))
+    assert not ok and what.startswith("README.md cites KATAS.md")

@@ -20,6 +20,37 @@ def test_sdpa_is_causal_is_top_left_where_the_kata_is_bottom_right():
     assert not torch.allclose(top_left, masked_attention(q, k, v, causal_mask(5, 9))[0])
 
 
+def test_sdpa_causal_lower_right_is_the_kata_mask():
+    """The README names causal_lower_right as SDPA's bottom-right mask: it is causal_mask, shape for shape."""
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+    q, k, v = torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(2, 9, 4, dtype=torch.float64), \
+        torch.randn(2, 9, 3, dtype=torch.float64)
+    for n_queries, n_keys in ((5, 9), (1, 6), (4, 4)):
+        assert torch.equal(causal_lower_right(n_queries, n_keys)._materialize(), causal_mask(n_queries, n_keys))
+        assert torch.equal(causal_upper_left(n_queries, n_keys)._materialize(),
+                           torch.ones(n_queries, n_keys, dtype=torch.bool).tril())
+    assert torch.allclose(F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(5, 9)),
+                          masked_attention(q, k, v, causal_mask(5, 9))[0])
+
+
+def test_is_causal_with_an_attn_mask_raises_or_applies_both():
+    """The README's warning: this torch either refuses is_causal=True with an attn_mask, as its
+    documentation says, or silently applies both masks; it never applies one of them alone."""
+    q, k, v = torch.randn(1, 4, 3, dtype=torch.float64), torch.randn(1, 6, 3, dtype=torch.float64), \
+        torch.randn(1, 6, 2, dtype=torch.float64)
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    mask[:, 1] = False   # every query keeps key 0 under both masks: no empty row
+    try:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
+    except RuntimeError:
+        return
+    both = mask & torch.ones(4, 6, dtype=torch.bool).tril()
+    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v, attn_mask=both))
+    for one in (mask, torch.ones(4, 6, dtype=torch.bool).tril()):
+        assert not torch.allclose(out, F.scaled_dot_product_attention(q, k, v, attn_mask=one))
+
+
 def test_reference_equals_sdpa_with_an_explicit_mask():
     q, k, v = torch.randn(2, 3, 4, 8, dtype=torch.float64), torch.randn(2, 3, 7, 8, dtype=torch.float64), \
         torch.randn(2, 3, 7, 5, dtype=torch.float64)

@@ -208,3 +208,15 @@ def test_a_forward_whose_default_is_not_causal_is_caught(grade_source):
     check = checks_by_id(result)["causal-ignores-future"]
     assert "forward's default must be causal=True" in check["message"] and check["diagnosis"] == "no-causal-mask"
     assert [c["id"] for c in result["checks"] if c["status"] != "passed"] == ["causal-ignores-future"]
+
+
+def test_the_texts_name_the_llama_2_models_that_use_gqa():
+    """Llama 2 uses GQA only in its 70B model (7B and 13B are multi-head): no kata text says
+    "Llama 2/3" again, and the gqa README says which sizes do what."""
+    from graders.engine.manifest import ROOT
+
+    texts = {p: p.read_text(encoding="utf-8") for p in [*ROOT.glob("katas/*/*"), *ROOT.glob("reference/*.py")]
+             if p.is_file()}
+    assert not [p.name for p, text in texts.items() if "Llama 2/3" in text or "Llama 2 and 3" in text]
+    readme = texts[ROOT / "katas" / "gqa" / "README.md"]
+    assert "Llama 2 70B" in readme and "7B and 13B models use plain\nmulti-head attention" in readme

@@ -92,6 +92,16 @@ def test_ci_runs_the_readme_test_command():
     assert (ROOT / ".ci" / "run").read_text().rstrip().endswith(command)
 
 
+def test_readme_says_which_torch_to_pick():
+    """PyPI's Linux torch is the CUDA build: the README gives the CPU-only index for machines without
+    an NVIDIA GPU, and never calls the plain command the CPU build."""
+    from graders.engine.manifest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in readme
+    assert "CUDA build" in readme and "installs the CPU build" not in readme
+
+
 def test_tolerance_grows_with_the_inputs_magnitude(tmp_path):
     half = "[tolerances.float16]\nrtol = 0.001\natol = 0.0001\nulps = 2\n\n[[tasks]]"
     kata = parse(manifest(tmp_path, GOOD.replace("[[tasks]]", half, 1)))

@@ -71,6 +71,20 @@ def check_api(kata: Kata) -> list[Finding]:
     return findings
 
 
+# Pages of the kit's authors that are not shipped: a learner or a reader of the code cannot open them.
+UNSHIPPED = ("KATAS.md", "DESIGN.md")
+
+
+def check_citations(kata: Kata) -> tuple[bool, str]:
+    """The kata's files cite only what ships with it (its own README), never the authors' pages."""
+    paths = (kata.readme_path, kata.stub_path, kata.dir / "kata.toml", kata.reference_path, kata.grader_path,
+             kata.reference_path.with_name(f"{kata.module}_bugs.py"), kata.grader_path.with_name(f"{kata.module}_hidden.py"))
+    cited = sorted({f"{path.name} cites {page}" for path in paths if path.exists()
+                    for page in UNSHIPPED if page in path.read_text(encoding="utf-8")})
+    return not cited, ("its files cite only what ships (the kata's README)" if not cited else
+                       "; ".join(cited) + ": cite the kata's README instead, which learners have")
+
+
 MIN_CHOICE, MIN_NUMERIC = 3, 2
 
 
@@ -104,6 +118,7 @@ def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Findin
     add(not bare, "every task has a hint" if not bare else f"tasks without a hint: {', '.join(bare)}")
     ok, what = check_followups(kata)
     add(ok, what)
+    add(*check_citations(kata))
     if kata.plots:
         missing = [kind for kind in kata.plots if (kata.slug, kind) not in PLOTS]
         add(not missing, f"plots {', '.join(kata.plots)} can be drawn" if not missing else

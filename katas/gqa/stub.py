@@ -17,7 +17,7 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 class GroupedQueryAttention(nn.Module):
     """Causal self-attention in which groups of ``n_heads // n_kv_heads`` query heads share one
-    key/value head (Llama 2/3, Mistral). ``n_kv_heads == n_heads`` is plain multi-head attention,
+    key/value head (Llama 3, Mistral, Llama 2 70B). ``n_kv_heads == n_heads`` is plain multi-head attention,
     ``n_kv_heads == 1`` is multi-query attention.
     """
 
