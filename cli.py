@@ -466,8 +466,12 @@ def plot(kata_name, kind, out, seed, device, max_t, workspace):
     scaling-variance (curves): score spread and softmax saturation against d_k, per scale.
     causal-mask and mha (heatmaps): each head's attention weights over a short sentence.
     mha (complexity): time and peak memory of your forward as T doubles, against
-    F.scaled_dot_product_attention on the same weights. Your code runs in the kit's sandbox, as
-    for `kata check`; an existing file at --out is replaced only if it is a PNG.
+    F.scaled_dot_product_attention on the same weights.
+    cross-attention (heatmaps): each head's weights of a target sentence on a padded source.
+    positional-encoding (encodings): your sinusoidal table as a heatmap and PE[p] · PE[p + k]
+    against the offset k.
+    Your code runs in the kit's sandbox, as for `kata check`; an existing file at --out is
+    replaced only if it is a PNG.
     """
     from graders.engine import plots
 

@@ -207,3 +207,19 @@ def test_no_cuda_is_said_before_the_clock_starts(tmp_path):
     result = CliRunner().invoke(cli.main, ["interview", "--katas", "mha", "--device", "cuda", "-w", str(tmp_path)])
     assert result.exit_code == 2 and "no CUDA device" in result.output
     assert not (tmp_path / "interviews").exists() and not (tmp_path / ".kata").exists()
+
+
+def test_the_newer_katas_run_to_a_scorecard(tmp_path):
+    """`kata interview --katas cross-attention,positional-encoding`: both coding tasks, then their
+    follow-ups, to a scorecard in the history."""
+    chosen = [manifest.find("cross-attention"), manifest.find("positional-encoding")]
+    p = plan(manifest.katas(), seed=6, chosen=chosen)
+    assert {a.kata for a in p.questions} == {"cross-attention", "positional-encoding"}
+    piped = "done\ndone\n" + "".join(answer(a, right=True) + "\n" for a in p.questions)
+    result = CliRunner().invoke(cli.main, ["interview", "--katas", "cross-attention,positional-encoding",
+                                           "--seed", "6", "-w", str(tmp_path)], input=piped)
+    assert result.exit_code == 0, result.output
+    assert re.search(rf"Total\s+{FOLLOWUP_POINTS:g}(\.0)?/100", result.output), result.output
+    card = history(tmp_path)[-1]
+    assert [c["kata"] for c in card["coding"]] == ["cross-attention", "positional-encoding"]
+    assert card["status"] == "completed" and card["followups_right"] == len(p.questions)

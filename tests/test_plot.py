@@ -108,6 +108,32 @@ def test_complexity_shows_quadratic_memory_against_sdpas_linear(tmp_path):
     assert all(s > 0 for s in data["learner"]["seconds"] + data["sdpa"]["seconds"])
 
 
+def test_cross_heatmaps_hide_the_source_padding_and_draw_no_triangle(tmp_path):
+    data = compute(tmp_path, "cross-attention", "heatmaps")
+    assert data["tokens"] == plots.TARGET and data["key_tokens"][:len(plots.SOURCE)] == plots.SOURCE
+    real = len(plots.SOURCE)
+    for panel in data["panels"]:
+        weights = panel["weights"]
+        assert weights.shape == (len(plots.TARGET), real + plots.SOURCE_PADDING)
+        assert np.all(weights[:, real:] == 0) and np.all(weights[:, :real] > 0)   # every real key, even "later" ones
+        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
+
+
+def test_encodings_show_the_table_and_an_offset_only_dot_product(tmp_path):
+    data = compute(tmp_path, "positional-encoding", "encodings")
+    T, d = data["T"], data["d"]
+    table = data["table"]
+    assert table.shape == (T, d) and np.abs(table).max() <= 1.0
+    np.testing.assert_allclose(table[0], np.tile([0.0, 1.0], d // 2), atol=1e-7)   # sin 0, cos 0
+    np.testing.assert_allclose(table[:, 0], np.sin(np.arange(T)), atol=1e-4)   # pair 0: wavelength 2π
+    k = np.array(data["offsets"])
+    assert k[0] == 0 and k[-1] == T // 2 and data["positions"] == T - T // 2
+    omega = 10000.0 ** (-np.arange(0, d, 2) / d)
+    np.testing.assert_allclose(data["mean"], np.cos(np.outer(k, omega)).sum(-1), atol=1e-3)
+    assert np.all(data["high"] - data["low"] < 1e-3), "the dot product should depend on the offset only"
+    assert data["mean"][0] == pytest.approx(d / 2, abs=1e-4) and data["mean"].min() < d / 4
+
+
 def test_a_stub_writes_no_file(kata_cmd):
     """End to end through the installed command."""
     assert kata_cmd("start", "causal-mask").returncode == 0

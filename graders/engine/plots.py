@@ -183,7 +183,7 @@ def draw_curves(data: dict):
     return figure
 
 
-# --- causal-mask and mha: heatmaps --------------------------------------------------------------
+# --- causal-mask, mha and cross-attention: heatmaps ---------------------------------------------
 
 def causal_heatmaps_data(learner: Learner, *, seed: int, device: str, **_) -> dict:
     """The weights of the learner's masked_attention under their own causal_mask, for a few heads
@@ -231,11 +231,45 @@ def mha_heatmaps_data(learner: Learner, *, seed: int, device: str, **_) -> dict:
             "title": f"mha, from your MultiHeadSelfAttention ({H} heads, causal): what each head attends to"}
 
 
+TARGET = "the cat sat on the mat".split()
+SOURCE = "le chat s'est assis sur le tapis".split()
+SOURCE_PADDING = 2   # the source batch is padded to len(SOURCE) + 2 keys
+
+
+def cross_heatmaps_data(learner: Learner, *, seed: int, device: str, **_) -> dict:
+    """The per-head weights of the learner's cross-attention (weights injected): the target's words
+    attend to a padded source, under the source's padding mask only."""
+    import torch
+
+    from graders import cross_attention
+
+    C, H, kdim, vdim = 24, 3, 12, 10
+    keys = SOURCE + ["<pad>"] * SOURCE_PADDING
+    Tq, Tk = len(TARGET), len(keys)
+    rng = np.random.default_rng(seed + 1)
+    cfg = (1, Tq, Tk, C, H, kdim, vdim)
+    sd = cross_attention.weights(rng, C, kdim, vdim, dtype=torch.float32)
+    module = cross_attention.build(learner, device, sd, cfg)
+    query, key, value = cross_attention.inputs(rng, 1, Tq, Tk, C, kdim, vdim, dtype=torch.float32)
+    padding = torch.arange(Tk)[None] < len(SOURCE)   # (1, Tk): True = a real source token
+    call = (f"MultiHeadAttention({C}, {H}, kdim={kdim}, vdim={vdim})(query, key, value, key_padding_mask) "
+            f"with query float32[1, {Tq}, {C}], key float32[1, {Tk}, {kdim}], value float32[1, {Tk}, {vdim}], "
+            f"the last {SOURCE_PADDING} keys padding")
+    out, weights = _pair(module(query, key, value, key_padding_mask=padding), call=call)
+    _tensor(out, (1, Tq, C), call=call, what="The output")
+    weights = _tensor(weights, (1, H, Tq, Tk), call=call, what="The weights")
+    panels = [{"title": f"head {h + 1}", "weights": weights[0, h].double().cpu().numpy()} for h in range(H)]
+    return {"tokens": TARGET, "key_tokens": keys, "panels": panels,
+            "title": f"cross-attention, from your MultiHeadAttention ({H} heads): {Tq} target queries on {Tk} source keys\n"
+                     "no causal triangle; the source's padding keys (grey) get weight 0"}
+
+
 def draw_heatmaps(data: dict):
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
     tokens, panels = data["tokens"], data["panels"]
+    keys = data.get("key_tokens", tokens)   # cross-attention: the keys are another sentence
     figure = Figure(figsize=(3.6 * len(panels) + 1.2, 5.4), layout="constrained")
     axes = figure.subplots(1, len(panels), sharey=True)
     # Exact zeros (what a mask leaves) in grey, so "masked" and "barely attended" look different.
@@ -243,7 +277,7 @@ def draw_heatmaps(data: dict):
     for ax, panel in zip(axes, panels):
         image = ax.imshow(np.ma.masked_equal(panel["weights"], 0.0), vmin=0.0, vmax=1.0, cmap=colours)
         ax.set_title(panel["title"], fontsize=10)
-        ax.set_xticks(range(len(tokens)), tokens, rotation=90)
+        ax.set_xticks(range(len(keys)), keys, rotation=90)
         ax.set_yticks(range(len(tokens)), tokens)
         ax.set_xlabel("key (attended to)")
     axes[0].set_ylabel("query (attending)")
@@ -325,10 +359,57 @@ def draw_complexity(data: dict):
     return figure
 
 
+# --- positional-encoding: encodings -------------------------------------------------------------
+
+PE_T, PE_D = 128, 64   # positions and width of the table drawn: pairs from 2π to ~2π·7500 positions
+
+
+def encodings_data(learner: Learner, **_) -> dict:
+    """The learner's sinusoidal(PE_T, PE_D) table, and PE[p] · PE[p + k] for every offset k up to
+    PE_T / 2 at every position p that has a partner k further on."""
+    import torch
+
+    call = f"sinusoidal({PE_T}, {PE_D})"
+    table = _tensor(learner.sinusoidal(PE_T, PE_D), (PE_T, PE_D), call=call, what="The table").double().cpu()
+    offsets = PE_T // 2
+    # dots[p, k] = PE[p] · PE[p + k] for p = 0..PE_T - 1 - offsets and k = 0..offsets
+    dots = torch.stack([(table[:PE_T - offsets] * table[k:PE_T - offsets + k]).sum(-1)
+                        for k in range(offsets + 1)], dim=-1)   # (P, K)
+    return {"T": PE_T, "d": PE_D, "table": table.numpy(), "offsets": list(range(offsets + 1)),
+            "positions": PE_T - offsets, "mean": dots.mean(0).numpy(), "low": dots.amin(0).numpy(),
+            "high": dots.amax(0).numpy()}
+
+
+def draw_encodings(data: dict):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 4.8), layout="constrained")
+    heatmap, curve = figure.subplots(1, 2)
+    image = heatmap.imshow(data["table"], aspect="auto", cmap="RdBu_r", vmin=-1.0, vmax=1.0, interpolation="nearest")
+    heatmap.set(xlabel="dimension (even: sin, odd: cos; pair i has wavelength 2π·10000^(2i/d))",
+                ylabel="position p", title=f"sinusoidal({data['T']}, {data['d']})")
+    figure.colorbar(image, ax=heatmap, label="PE[p, dimension]", shrink=0.9)
+    k = np.array(data["offsets"])
+    curve.fill_between(k, data["low"], data["high"], color="tab:blue", alpha=0.3,
+                       label=f"lowest to highest over p = 0..{data['positions'] - 1}")
+    curve.plot(k, data["mean"], color="tab:blue", label="mean over p of PE[p] · PE[p + k]")
+    curve.axhline(data["d"] / 2, color="black", linestyle=":", linewidth=1, label=f"d/2 = {data['d'] // 2}: k = 0")
+    curve.set(xlabel="offset k", ylabel="PE[p] · PE[p + k]",
+              title="PE[p] · PE[p + k]: a line, not a band, if p does not matter")
+    curve.grid(True, alpha=0.3)
+    curve.title.set_fontsize(10)
+    curve.legend(fontsize=8)
+    figure.suptitle("positional-encoding, from your sinusoidal: slow pairs to the right, "
+                    "and a dot product that only the distance decides")
+    return figure
+
+
 # (kata slug, plot kind) -> (data function, draw function); manifests say which a kata has.
 PLOTS = {
     ("scaling-variance", "curves"): (curves_data, draw_curves),
     ("causal-mask", "heatmaps"): (causal_heatmaps_data, draw_heatmaps),
     ("mha", "heatmaps"): (mha_heatmaps_data, draw_heatmaps),
     ("mha", "complexity"): (complexity_data, draw_complexity),
+    ("cross-attention", "heatmaps"): (cross_heatmaps_data, draw_heatmaps),
+    ("positional-encoding", "encodings"): (encodings_data, draw_encodings),
 }

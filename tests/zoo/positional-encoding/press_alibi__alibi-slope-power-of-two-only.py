@@ -1,0 +1,53 @@
+"""The repository's get_slopes_power_of_2 used for every head count: for 12 heads it gives
+2^(-8i/12), not the paper's 8 + 4 interleaved slopes."""
+import math
+
+import torch
+
+
+def fill_with_neg_inf(t):
+    return t.float().fill_(float("-inf")).type_as(t)
+
+
+def frequencies(d):
+    if d % 2:
+        raise ValueError(f"embedding_dim={d} is odd")
+    half_dim = d // 2
+    emb = math.log(10000) / half_dim
+    return torch.exp(torch.arange(half_dim, dtype=torch.float) * -emb)
+
+
+def sinusoidal(T, d):
+    emb = torch.arange(T, dtype=torch.float).unsqueeze(1) * frequencies(d).unsqueeze(0)
+    return torch.stack([torch.sin(emb), torch.cos(emb)], dim=-1).view(T, -1)
+
+
+def shift_matrix(k, d):
+    emb = k * frequencies(d)
+    m = torch.zeros(d, d)
+    m[0::2, 0::2] = torch.diag(torch.cos(emb))
+    m[0::2, 1::2] = torch.diag(torch.sin(emb))
+    m[1::2, 0::2] = torch.diag(-torch.sin(emb))
+    m[1::2, 1::2] = torch.diag(torch.cos(emb))
+    return m
+
+
+def get_slopes(n):
+    def get_slopes_power_of_2(n):
+        start = (2**(-2**-(math.log2(n) - 3)))
+        ratio = start
+        return [start * ratio**i for i in range(n)]
+
+    return get_slopes_power_of_2(n)
+
+
+def alibi_slopes(n_heads):
+    return torch.Tensor(get_slopes(n_heads))
+
+
+def alibi_bias(n_heads, T):
+    maxpos = T
+    relative = torch.arange(maxpos).unsqueeze(0) - torch.arange(maxpos).unsqueeze(1)
+    alibi = alibi_slopes(n_heads).unsqueeze(1).unsqueeze(1) * relative.unsqueeze(0).expand(n_heads, -1, -1)
+    future_mask = torch.triu(fill_with_neg_inf(torch.zeros([maxpos, maxpos])), 1)
+    return alibi + future_mask.unsqueeze(0)
