@@ -220,6 +220,9 @@ def test_the_newer_katas_run_to_a_scorecard(tmp_path):
                                            "--seed", "6", "-w", str(tmp_path)], input=piped)
     assert result.exit_code == 0, result.output
     assert re.search(rf"Total\s+{FOLLOWUP_POINTS:g}(\.0)?/100", result.output), result.output
+    rows = [line for line in result.output.splitlines() if "not-started" in line and "points" in line]
+    assert len(rows) == 2 and len({row.index("not-started") for row in rows}) == 1, rows   # one column
+    assert rows[1].split() == ["positional-encoding", "not-started", "0/15", "points"]
     card = history(tmp_path)[-1]
     assert [c["kata"] for c in card["coding"]] == ["cross-attention", "positional-encoding"]
     assert card["status"] == "completed" and card["followups_right"] == len(p.questions)

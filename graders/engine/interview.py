@@ -264,17 +264,19 @@ class Interview:
 
 
 def render_scorecard(card: dict) -> str:
+    # One label column, as wide as the longest kata slug needs.
+    width = max([16] + [len(c["kata"]) + 1 for c in card["coding"]])
     lines = [click.style(f"Scorecard ({card['status']}, seed {card['seed']})", bold=True)]
     for c in card["coding"]:
-        lines.append(f"  {c['kata']:<16} {c['status']:<12} {c['score']:g}/{c['max_score']:g} checks"
+        lines.append(f"  {c['kata']:<{width}} {c['status']:<12} {c['score']:g}/{c['max_score']:g} points"
                      + (f", {c['hints']} hint{'s' * (c['hints'] != 1)}" if c["hints"] else ""))
     time_note = " (time ran out)" if card["time_up"] else ""
     lines += [
-        f"  Time             {_clock(card['time_used_s'])} of {_clock(card['minutes'] * 60)}{time_note}",
-        f"  Coding           {card['coding_points']:g}/{CODING_POINTS}"
+        f"  {'Time':<{width}} {_clock(card['time_used_s'])} of {_clock(card['minutes'] * 60)}{time_note}",
+        f"  {'Coding':<{width}} {card['coding_points']:g}/{CODING_POINTS}"
         + (f" (after {card['hints']} x -{HINT_COST} for hints)" if card["hints"] else ""),
-        f"  Follow-ups       {card['followups_right']} of {card['followups_asked']} right: "
+        f"  {'Follow-ups':<{width}} {card['followups_right']} of {card['followups_asked']} right: "
         f"{card['followup_points']:g}/{FOLLOWUP_POINTS}",
-        click.style(f"  Total            {card['score']:g}/{card['max_score']}", bold=True),
+        click.style(f"  {'Total':<{width}} {card['score']:g}/{card['max_score']}", bold=True),
     ]
     return "\n".join(lines)
