@@ -182,13 +182,6 @@ def torch_mha(sd, n_heads, query, key, value, kpm=None, attn=None):
     return out.to(query.dtype), att.to(query.dtype)
 
 
-def float32_inside(kata, dtype=torch.float64):
-    """The float32 tolerance a float64 check about semantics also accepts, with a note: code that
-    computes its softmax in float32 and casts back is right to float32 rounding. None for float32
-    inputs, whose own tolerance is that already."""
-    return kata.tolerance("float32") if dtype == torch.float64 else None
-
-
 def pair(got, *, call, case):
     """forward returned a pair (out, weights)."""
     expect.that(type(got) is tuple and len(got) == 2, "forward must return a pair (out, weights).", call=call,
@@ -293,7 +286,7 @@ def compare(learner, bugs, kata, rng, device, cfg, *, dtype=torch.float64, kpm=N
     diagnose = lambda: diagnosis(bugs, got, compute, loose, kpm=kpm, attn=attn, Tq=Tq, Tk=Tk)
     for what, value_got, want in (("the output", got[0], expected[0]), ("the weights", got[1], expected[1])):
         expect.array(value_got, want, call=call, case=case, what=what, diagnose=diagnose, device=device,
-                     against=TORCH_MHA, **tol, float32_inside=float32_inside(kata, dtype))
+                     against=TORCH_MHA, **tol, float32_inside=expect.float32_inside(kata, dtype))
 
 
 def test_state_dict_keys(learner):
@@ -387,7 +380,7 @@ def test_padding_keys_get_zero(learner, bugs, kata, rng, device):
         sums = w.sum(-1)
         expect.values(sums, torch.ones_like(sums), call=f"{call}[1].sum(-1)", case=case,
                       what="each query's total weight on the real keys", against="1", **tol,
-                      float32_inside=float32_inside(kata), diagnose=diagnose)
+                      float32_inside=expect.float32_inside(kata), diagnose=diagnose)
         key2, value2 = key.clone(), value.clone()
         key2[~kpm], value2[~kpm] = normal(rng, int((~kpm).sum()), d), normal(rng, int((~kpm).sum()), d)
         again = forward(m, query, key2, value2, kpm)

@@ -3,7 +3,7 @@ import torch
 
 from graders.engine import expect
 from graders.cross_attention import (TORCH_MHA, build, call_text, case_text, causal_diagnosis, diagnosis,
-                                     float32_inside, forward, inputs, lengths_text, normal, padding, pair, pair_form,
+                                     forward, inputs, lengths_text, normal, padding, pair, pair_form,
                                      torch_mha, trusted, weights)
 
 
@@ -39,7 +39,7 @@ def test_self_attention_special_case(learner, bugs, kata, rng, device):
         for what, value, want in (("the output", got[0], expected[0]), ("the weights", got[1], expected[1])):
             expect.array(value, want, call=call, case=case, what=what, diagnose=diagnose, device=device,
                          against=TORCH_MHA.replace("kdim, vdim, ", "") + ", called on (x, x, x)", **tol,
-                         float32_inside=float32_inside(kata))
+                         float32_inside=expect.float32_inside(kata))
 
 
 def test_no_causal_by_default(learner, bugs, kata, rng, device):

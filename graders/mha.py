@@ -77,13 +77,6 @@ def torch_mha(sd, n_heads, x, causal):
     return out.to(x.dtype), att.to(x.dtype)
 
 
-def float32_inside(kata, dtype=torch.float64):
-    """The float32 tolerance a float64 check about semantics also accepts, with a note: code that
-    computes its softmax in float32 and casts back (Llama's `.float()` ... `.type_as(q)`) is right
-    to float32 rounding. None for float32 inputs, whose own tolerance is that already."""
-    return kata.tolerance("float32") if dtype == torch.float64 else None
-
-
 def pair(got, *, call, case):
     """forward returned a pair (out, weights)."""
     expect.that(type(got) is tuple and len(got) == 2, "forward must return a pair (out, weights).", call=call,
@@ -185,7 +178,7 @@ def test_matches_torch_mha(learner, bugs, kata, rng, device):
         for what, value, want in (("the output", got[0], expected[0]), ("the weights", got[1], expected[1])):
             expect.array(value, want, call=call, case=case, what=what, diagnose=diagnose, device=device,
                          against="nn.MultiheadAttention with the same weights", **tol,
-                         float32_inside=float32_inside(kata, dtype))
+                         float32_inside=expect.float32_inside(kata, dtype))
 
 
 def test_eval_deterministic(learner, bugs, kata, rng, device):

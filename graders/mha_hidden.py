@@ -2,7 +2,7 @@
 import torch
 
 from graders.engine import expect
-from graders.mha import (CASE, CONFIGS, build, diagnosis, float32_inside, normal, pair_form, trusted, weights,
+from graders.mha import (CASE, CONFIGS, build, diagnosis, normal, pair_form, trusted, weights,
                          weights_diagnosis)
 
 
@@ -25,7 +25,7 @@ def test_weights_sum_to_one(learner, bugs, kata, rng, device):
         pair_form(got, B=B, T=T, d=d, H=H, dtype=torch.float64, device=device, call=call, case=case)
         sums = got[1].sum(-1)
         expect.values(sums, torch.ones_like(sums), call=f"{call}[1].sum(-1)", case=case,
-                      what="each row sum of the weights", against="1", **tol, float32_inside=float32_inside(kata),
+                      what="each row sum of the weights", against="1", **tol, float32_inside=expect.float32_inside(kata),
                       diagnose=lambda: diagnosis(bugs, got, lambda impl: trusted(impl.MultiHeadSelfAttention, sd, H, x, causal),
                                                  tol, causal))
 

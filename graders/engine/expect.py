@@ -136,6 +136,13 @@ def mismatch(got, expected, *, rtol: float, atol: float) -> str | None:
 FLOAT32_INSIDE = "float32-inside"
 
 
+def float32_inside(kata, dtype="float64") -> dict | None:
+    """The float32 tolerance a float64 check about semantics also accepts (the ``float32_inside``
+    of ``values`` and ``array``), from the kata's manifest. None for other dtypes: float32 inputs
+    have that tolerance already."""
+    return kata.tolerance("float32") if str(dtype).removeprefix("torch.") == "float64" else None
+
+
 def values(got, expected, *, call: str, case: str | None = None, rtol: float, atol: float,
            diagnose: Diagnose = None, what: str = "the result", against: str = "the reference",
            float32_inside: dict | None = None):
