@@ -470,6 +470,10 @@ def plot(kata_name, kind, out, seed, device, max_t, workspace):
     cross-attention (heatmaps): each head's weights of a target sentence on a padded source.
     positional-encoding (encodings): your sinusoidal table as a heatmap and PE[p] · PE[p + k]
     against the offset k.
+    flash-tiling (memory): peak memory of your flash_attention against a naive attention
+    that builds the (T, T) scores, as T doubles.
+    rope (rotation): your cos/sin table, and q · k against m − n at several positions.
+    sliding-window (band): your band masks and the receptive field of stacked layers.
     Your code runs in the kit's sandbox, as for `kata check`; an existing file at --out is
     replaced only if it is a PNG.
     """

@@ -226,3 +226,22 @@ def test_the_newer_katas_run_to_a_scorecard(tmp_path):
     card = history(tmp_path)[-1]
     assert [c["kata"] for c in card["coding"]] == ["cross-attention", "positional-encoding"]
     assert card["status"] == "completed" and card["followups_right"] == len(p.questions)
+
+
+@pytest.mark.parametrize("slugs", [("kv-cache", "flash-tiling", "rope"), ("attention-backward", "sliding-window")])
+def test_the_katas_beyond_the_material_run_to_a_scorecard(tmp_path, slugs):
+    """`kata interview` draws the five katas of KV caches, tiling, RoPE, backward and windows:
+    their coding tasks, then their follow-ups, to a scorecard that counts each kata's points."""
+    chosen = [manifest.find(slug) for slug in slugs]
+    p = plan(manifest.katas(), seed=4, chosen=chosen)
+    assert {a.kata for a in p.questions} <= set(slugs) and p.questions
+    piped = "done\n" * len(slugs) + "".join(answer(a, right=True) + "\n" for a in p.questions)
+    result = CliRunner().invoke(cli.main, ["interview", "--katas", ",".join(slugs), "--seed", "4",
+                                           "-w", str(tmp_path)], input=piped)
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split()[1:] for line in result.output.splitlines()
+            if "not-started" in line and "points" in line}
+    assert rows == {k.slug: ["not-started", f"0/{k.max_score:g}", "points"] for k in chosen}, result.output
+    card = history(tmp_path)[-1]
+    assert [c["kata"] for c in card["coding"]] == list(slugs)
+    assert card["status"] == "completed" and card["followups_right"] == len(p.questions)

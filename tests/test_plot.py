@@ -134,6 +134,46 @@ def test_encodings_show_the_table_and_an_offset_only_dot_product(tmp_path):
     assert data["mean"][0] == pytest.approx(d / 2, abs=1e-4) and data["mean"].min() < d / 4
 
 
+def test_rotation_shows_the_angles_and_a_score_that_depends_on_the_offset_only(tmp_path):
+    data = compute(tmp_path, "rope", "rotation")
+    T, hd = data["T"], data["hd"]
+    cos = data["cos"]
+    assert cos.shape == (T, hd // 2) and np.abs(cos).max() <= 1.0
+    np.testing.assert_allclose(cos[0], 1.0)   # position 0 turns nothing
+    np.testing.assert_allclose(cos[:, 0], np.cos(np.arange(T)), atol=1e-4)   # pair 0: θ_0 = 1
+    dots = data["dots"]
+    assert dots.shape == (len(data["starts"]), len(data["offsets"])) and data["starts"][0] == 0
+    assert np.all(np.ptp(dots, axis=0) < 1e-3), "the score should depend on the offset only"
+    assert np.ptp(dots[0]) > 0.5, "the score should change with the offset"
+
+
+def test_band_shows_the_window_the_causal_mask_and_a_reach_growing_by_window_minus_one(tmp_path):
+    data = compute(tmp_path, "sliding-window", "band")
+    T, W, Tq = data["T"], data["window"], data["queries"]
+    back = np.arange(T)[:, None] - np.arange(T)[None, :]   # (T, T): how far back key j lies from query i
+    band, causal, chunk, reach = (np.asarray(panel["mask"]) for panel in data["panels"])
+    np.testing.assert_array_equal(band, (back >= 0) & (back < W))
+    np.testing.assert_array_equal(causal, back >= 0)
+    np.testing.assert_array_equal(chunk, band[T - Tq:])   # the last Tq queries: bottom-right
+    np.testing.assert_array_equal(reach, (back >= 0) & (back < data["layers"] * (W - 1) + 1))
+    L = np.array(data["reach_layers"])
+    assert data["reach"] == list(np.minimum(L * (W - 1) + 1, data["reach_T"]))
+    assert data["reach"][-1] < data["reach_T"], "the curve should grow linearly to its last layer"
+
+
+def test_flash_memory_grows_linearly_and_the_naive_quadratically(tmp_path):
+    data = compute(tmp_path, "flash-tiling", "memory", max_t=512)
+    assert data["T"] == [64, 128, 256, 512]
+    tiled, naive = np.array(data["learner"]), np.array(data["naive"])
+    T = np.array(data["T"])
+    # The naive version holds at least the (1, H, T, T) float32 scores; the tiles stay one size and
+    # only the (1, H, T, head_dim) output grows.
+    assert np.all(naive >= 4 * data["n_heads"] * T**2)
+    assert 3.3 < naive[-1] / naive[-2] <= 4.1
+    assert 1.6 < tiled[-1] / tiled[-2] < 2.4
+    assert tiled[-1] < naive[-1] / 3, "at T = 512 the tiles take a fraction of the whole score matrix"
+
+
 def test_a_stub_writes_no_file(kata_cmd):
     """End to end through the installed command."""
     assert kata_cmd("start", "causal-mask").returncode == 0

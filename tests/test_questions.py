@@ -155,13 +155,82 @@ def test_an_empty_history_says_how_to_start(tmp_path):
     assert first.startswith("1. softmax: not started yet")
 
 
+def _counted_flops(fn, *args):
+    """FLOPs torch.utils.flop_counter counts in ``fn(*args)``; on meta tensors it needs shapes only."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn(*args)
+    return counter.get_total_flops()
+
+
+def _rolling_cache_bytes(W, B, T, layers=32, heads=8, head_dim=128):
+    """Bytes the sliding-window reference's RollingKVCache holds after T fp16 tokens (meta tensors), times the layers."""
+    import torch
+
+    from reference import sliding_window
+
+    cache = sliding_window.RollingKVCache(W)
+    kv = torch.empty(B, heads, T, head_dim, dtype=torch.float16, device="meta")
+    cache.append(kv, kv)
+    return layers * (cache.k.nbytes + cache.v.nbytes)
+
+
+def _receptive_field(W, L):
+    """Input positions the last of L·W + 1 tokens reaches through L layers of the reference's mask."""
+    from reference import sliding_window
+
+    T = L * W + 1
+    mask = sliding_window.sliding_window_mask(T, T, W).double()   # (T, T)
+    reach = mask[-1:]   # (1, T): what the last token's first layer sees
+    for _ in range(L - 1):
+        reach = reach @ mask
+    return int((reach > 0).sum())
+
+
+def _flash_score_tiles(flash_tiling, B, H, T, b, causal):
+    """(score tiles per (batch, head), elements of the largest one) of the flash-tiling reference,
+    from the matrix products it runs on meta (B, H, T, 8) tensors with blocks of b."""
+    import math
+
+    import torch
+
+    from graders.flash_tiling import score_tiles
+    from graders.engine.worker import _recorder
+
+    q, ops = torch.empty(B, H, T, 8, device="meta"), []
+    with _recorder(ops):
+        flash_tiling.flash_attention(q, q, q, block_q=b, block_k=b, causal=causal)
+    tiles = [math.prod(shape) for shape in score_tiles(ops, 8)]
+    return sum(tiles) // (B * H * b * b), max(tiles)
+
+
+def _kv_cache_bytes(kv_cache, n_heads, n_kv_heads, B=1, tokens=1, head_dim=8, dtype=None):
+    """Bytes of the keys and values the kv-cache reference's KVCache holds after its module has
+    seen ``tokens`` tokens (meta tensors: shapes only)."""
+    import torch
+
+    dtype = dtype or torch.float32
+    cache = kv_cache.KVCache()
+    m = kv_cache.GroupedQueryAttention(n_heads * head_dim, n_heads, n_kv_heads).to(device="meta", dtype=dtype)
+    m(torch.empty(B, tokens, n_heads * head_dim, device="meta", dtype=dtype), cache=cache)
+    return cache.k.nbytes + cache.v.nbytes
+
+
 def _agrees_with_the_reference():
     """Numeric questions whose answer a reference function computes too: (kata, id) -> params -> value."""
     import torch
 
-    from reference import causal_mask, flops_memory, scaling_variance, split_heads
+    from reference import (attention_backward, causal_mask, flash_tiling, flops_memory, kv_cache, rope,
+                           scaling_variance, sliding_window, split_heads)
 
     fm = flops_memory
+
+    def rope_theta(hd, base, i):
+        """θ_i from the rope reference's float64 cache: the angle of pair i at position 1 (θ_i <= 1 < π)."""
+        cos, sin = rope.rope_cache(2, hd, base, dtype=torch.float64)
+        return float(torch.atan2(sin[1, i], cos[1, i]))
+
     return {
         ("scaling-variance", "unscaled-std"): lambda p: scaling_variance.score_std(p["d"], "none"),
         ("scaling-variance", "linear-scale-std"): lambda p: scaling_variance.score_std(p["d"], "linear"),
@@ -183,6 +252,27 @@ def _agrees_with_the_reference():
         ("flops-memory", "score-bytes"): lambda p: fm.attention_scores_bytes(p["B"], p["H"], p["T"], 2),
         ("flops-memory", "attention-flops"): lambda p: fm.attention_flops(p["B"], p["T"], p["D"], p["H"]),
         ("flops-memory", "max-seq-len"): lambda p: fm.max_seq_len(p["M"] * 2**30, p["B"], p["H"], 2),
+        ("kv-cache", "cache-bytes"): lambda p: _kv_cache_bytes(kv_cache, p["Hkv"], p["Hkv"], p["B"], p["t"], p["hd"],
+                                                              torch.bfloat16),
+        ("kv-cache", "gqa-cache-ratio"): lambda p: (_kv_cache_bytes(kv_cache, p["H"], p["H"])
+                                                    / _kv_cache_bytes(kv_cache, p["H"], p["Hkv"])),
+        ("kv-cache", "tokens-that-fit"): lambda p: p["M"] * 2**30 // (
+            p["L"] * _kv_cache_bytes(kv_cache, p["Hkv"], p["Hkv"], p["B"], 1, p["hd"], torch.bfloat16)),
+        ("sliding-window", "allowed-pairs"): lambda p: int(sliding_window.sliding_window_mask(p["T"], p["T"], p["W"]).sum()),
+        ("sliding-window", "receptive-field"): lambda p: _receptive_field(p["W"], p["L"]),
+        ("sliding-window", "rolling-cache-bytes"): lambda p: _rolling_cache_bytes(p["W"], p["B"], p["T"]),
+        ("rope", "pair-angle"): lambda p: p["p"] * rope_theta(p["hd"], p["base"], p["i"]),
+        ("rope", "pair-wavelength"): lambda p: 2 * torch.pi / rope_theta(p["hd"], p["base"], p["i"]),
+        ("rope", "cache-bytes"): lambda p: sum(t.nbytes for t in rope.rope_cache(p["T"], p["hd"])),
+        ("attention-backward", "backward-flops"): lambda p: _counted_flops(attention_backward.attention_backward, *[
+            torch.empty(p["B"], p["H"], p["T"], p["hd"], device="meta")] * 4),
+        # dS is shaped like P, the (B, H, T, T) weights saved for the backward.
+        ("attention-backward", "saved-weights-bytes"): lambda p: attention_backward.softmax_backward(*[
+            torch.empty(p["B"], p["H"], p["T"], p["T"], dtype=torch.bfloat16, device="meta")] * 2).nbytes,
+        # Counted from the products the reference records on meta tensors (head_dim 8: only the scores contract it).
+        ("flash-tiling", "causal-tiles"): lambda p: _flash_score_tiles(flash_tiling, 1, 1, p["T"], p["b"], True)[0],
+        ("flash-tiling", "tile-bytes"): lambda p: _flash_score_tiles(flash_tiling, p["B"], p["H"], p["T"], p["b"],
+                                                                      False)[1] * 4,
     }
 
 

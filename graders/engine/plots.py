@@ -404,8 +404,214 @@ def draw_encodings(data: dict):
     return figure
 
 
+# --- flash-tiling: memory -----------------------------------------------------------------------
+
+FLASH_HEADS, FLASH_HEAD_DIM, FLASH_BLOCK = 4, 64, 64
+
+
+def flash_memory_data(learner: Learner, *, seed: int, device: str, max_t: int = MAX_T, **_) -> dict:
+    """Peak memory of the learner's flash_attention (B=1, not causal, fixed tiles) as T doubles,
+    beside the kit's naive attention that builds the (T, T) scores, both measured in the same
+    sandbox process on the same q, k, v."""
+    import torch
+
+    H, hd, block = FLASH_HEADS, FLASH_HEAD_DIM, FLASH_BLOCK
+    rng = np.random.default_rng(seed)
+    naive = learner.kit_function("naive_attention")
+
+    def qkv(T):
+        return [torch.tensor(rng.standard_normal((1, H, T, hd)), dtype=torch.float32)   # (1, H, T, hd)
+                for _ in range(3)]
+
+    # The two curves compare one function computed two ways: make sure it is the same function.
+    q, k, v = qkv(MIN_T)
+    call = f"flash_attention(q, k, v, block_q={block}, block_k={block}) with q, k, v float32[1, {H}, {MIN_T}, {hd}]"
+    out = _tensor(_pair(learner.flash_attention(q, k, v, block_q=block, block_k=block), call=call)[0],
+                  (1, H, MIN_T, hd), call=call, what="The output")
+    expected = _tensor(naive(q, k, v), (1, H, MIN_T, hd), call="the kit's naive_attention")
+    error = float((out.double() - expected.double()).abs().max())
+    if error > 1e-4:
+        _fail("Your flash_attention's output differs from naive attention's on the same q, k, v, so the two "
+              "curves would not measure the same attention.", call=call, got=f"largest difference {error:.3g}",
+              expected="at most 1e-4")
+
+    series = {"learner": [], "naive": []}
+    for T in lengths(max_t):
+        q, k, v = qkv(T)
+        for name, member, kwargs in (("learner", learner.flash_attention, {"block_q": block, "block_k": block}),
+                                     ("naive", naive, {})):
+            peak = learner.peak_bytes(member, q, k, v, **kwargs)
+            if peak is None or peak <= 0:
+                _fail("The peak memory of the call could not be measured.",
+                      call=call_text(member._label, (q, k, v), kwargs), got=describe_value(peak),
+                      expected="a positive number of bytes")
+            series[name].append(peak)
+    return {"T": lengths(max_t), "n_heads": H, "head_dim": hd, "block": block, **series}
+
+
+def draw_flash_memory(data: dict):
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    figure = Figure(figsize=(12, 4.8), layout="constrained")
+    memory_ax, ratio_ax = figure.subplots(1, 2)
+    T = np.array(data["T"], dtype=float)
+    mine, naive = np.array(data["learner"], dtype=float), np.array(data["naive"], dtype=float)
+    memory_ax.plot(T, mine / 2**20, "o-", color="tab:red", label="your flash_attention")
+    memory_ax.plot(T, naive / 2**20, "s-", color="tab:blue", label="naive: the (T, T) scores built")
+    # Guides through the last point of each curve: that is where the leading term dominates.
+    memory_ax.plot(T, naive[-1] / 2**20 * (T / T[-1]) ** 2, "--", color="grey", label="O(T²)")
+    memory_ax.plot(T, mine[-1] / 2**20 * (T / T[-1]), ":", color="grey", label="O(T)")
+    memory_ax.set(xscale="log", yscale="log", xlabel="T (tokens)", ylabel="peak memory of one call (MiB)",
+                  title="Peak memory: the tiles stay the same size, the scores grow as T²")
+    ratio_ax.plot(T, naive / mine, "o-", color="tab:purple", label="naive / yours")
+    ratio_ax.axhline(1.0, color="black", linestyle=":", linewidth=1, label="1: the same memory")
+    ratio_ax.set(xscale="log", yscale="log", xlabel="T (tokens)", ylabel="naive peak / your peak",
+                 title="How many times less memory the tiles take (grows as T)")
+    for ax in (memory_ax, ratio_ax):
+        ax.minorticks_off()
+        ax.set_xticks(T, [str(int(t)) for t in T])
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8)
+    ratios = naive / mine
+    ratio_ax.set_yticks([2.0**i for i in range(math.floor(math.log2(min(ratios.min(), 1.0))),
+                                               math.ceil(math.log2(max(ratios.max(), 1.0))) + 1)])
+    ratio_ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))
+    figure.suptitle(f"flash-tiling, measured on {data['device']}: your flash_attention against naive attention "
+                    f"(B=1, {data['n_heads']} heads, head_dim={data['head_dim']}, blocks of {data['block']}, "
+                    "not causal, float32)")
+    return figure
+
+
+# --- sliding-window: band -----------------------------------------------------------------------
+
+BAND_T, BAND_WINDOW, BAND_QUERIES, BAND_LAYERS = 16, 4, 5, 3   # the heatmaps
+REACH_T, REACH_LAYERS = 64, 12   # the receptive-field curve: long enough that it never reaches the start
+
+
+def band_data(learner: Learner, **_) -> dict:
+    """The learner's sliding_window_mask as a band, as the causal mask (window >= T) and for the
+    last queries of a chunk; what the last tokens reach through BAND_LAYERS stacked windowed layers,
+    and how many positions the last token reaches after 1..REACH_LAYERS layers, all computed here
+    from the learner's masks by boolean matrix products."""
+    import torch
+
+    T, W, Tq = BAND_T, BAND_WINDOW, BAND_QUERIES
+
+    def mask(tq, tk, window):
+        call = f"sliding_window_mask({tq}, {tk}, {window})"
+        return _tensor(learner.sliding_window_mask(tq, tk, window), (tq, tk), dtype=torch.bool, call=call,
+                       what="The mask").cpu()
+
+    band, causal, chunk = mask(T, T, W), mask(T, T, T), mask(Tq, T, W)
+    # Layer l's output at position i mixes layer l - 1's outputs at the keys i may see: i reaches
+    # j through L layers iff the L-th boolean power of the mask holds (i, j).
+    reach = band.clone()
+    for _ in range(BAND_LAYERS - 1):
+        reach = (reach.double() @ band.double()) > 0   # (T, T)
+    long = mask(REACH_T, REACH_T, W).double()
+    last = long[-1:]   # (1, T): what the last token sees
+    sizes = []
+    for _ in range(REACH_LAYERS):
+        sizes.append(int((last > 0).sum()))
+        last = last @ long   # one more layer below
+    return {"T": T, "window": W, "queries": Tq, "layers": BAND_LAYERS,
+            "panels": [{"title": f"sliding_window_mask({T}, {T}, {W})", "mask": band.numpy()},
+                       {"title": f"sliding_window_mask({T}, {T}, {T}):\nthe window covers T: causal", "mask": causal.numpy()},
+                       {"title": f"sliding_window_mask({Tq}, {T}, {W}):\n{Tq} new queries, bottom-right", "mask": chunk.numpy()},
+                       {"title": f"reached through {BAND_LAYERS} layers of window {W}", "mask": reach.numpy()}],
+            "reach_T": REACH_T, "reach_layers": list(range(1, REACH_LAYERS + 1)), "reach": sizes}
+
+
+def draw_band(data: dict):
+    from matplotlib.figure import Figure
+
+    panels = data["panels"]
+    figure = Figure(figsize=(17, 4.8), layout="constrained")
+    axes = figure.subplots(1, len(panels) + 1, width_ratios=[1] * len(panels) + [1.4])
+    for ax, panel in zip(axes, panels):
+        mask = np.asarray(panel["mask"], dtype=float)
+        ax.imshow(mask, cmap="Blues", vmin=0.0, vmax=1.2, aspect="equal", interpolation="nearest")
+        ax.set_title(panel["title"], fontsize=10)
+        ax.set_xlabel("key position j")
+        ax.set_yticks(range(mask.shape[0]), [str(data["T"] - mask.shape[0] + i) for i in range(mask.shape[0])],
+                      fontsize=7)
+    axes[0].set_ylabel("query position (bottom-right aligned)")
+    curve = axes[-1]
+    L = np.array(data["reach_layers"])
+    W = data["window"]
+    curve.plot(L, data["reach"], "o", color="tab:blue", label="from your masks: the last token's reach")
+    curve.plot(L, L * (W - 1) + 1, "--", color="grey", label=f"L·(W - 1) + 1, W = {W}")
+    curve.axhline(W, color="tab:red", linestyle=":", linewidth=1, label="one layer's window")
+    curve.set(xlabel="layers L", ylabel="input positions reached",
+              title=f"Receptive field of the last of {data['reach_T']} tokens")
+    curve.title.set_fontsize(10)
+    curve.grid(True, alpha=0.3)
+    curve.legend(fontsize=8)
+    figure.suptitle(f"sliding-window, from your sliding_window_mask (True = may attend, dark): a band of {W} keys "
+                    f"per query, whose reach grows by W - 1 = {W - 1} with every layer")
+    return figure
+
+
+# --- rope: rotation -----------------------------------------------------------------------------
+
+ROPE_T, ROPE_HD = 256, 64              # positions and head_dim drawn: pair wavelengths 2π to ~2π·7500
+ROPE_STARTS, ROPE_OFFSETS = [0, 100, 1000], 64   # key positions n, and offsets m - n = 0..64 from each
+
+
+def rotation_data(learner: Learner, *, seed: int, **_) -> dict:
+    """cos(p·θ_i) from the learner's rope_cache(ROPE_T, ROPE_HD), and q·k of one fixed q and k
+    rotated by the learner's apply_rope, the key at n and the query at m = n + r, for each start n."""
+    import torch
+
+    half = ROPE_HD // 2
+    call = f"rope_cache({ROPE_T}, {ROPE_HD})"
+    got = learner.rope_cache(ROPE_T, ROPE_HD)
+    if type(got) is not tuple or len(got) != 2:
+        _fail("The call must return a pair (cos, sin).", call=call, got=describe_value(got), expected="tuple (cos, sin)")
+    cos = _tensor(got[0], (ROPE_T, half), call=call, what="cos").double().cpu()
+    P = ROPE_STARTS[-1] + ROPE_OFFSETS + 1
+    cache = learner.rope_cache(P, ROPE_HD)   # rows up to the last query's position
+    q, k = torch.from_numpy(np.random.default_rng(seed).standard_normal((2, 1, 1, 1, ROPE_HD))).float()
+    r = torch.arange(ROPE_OFFSETS + 1)
+    dots = []
+    for n in ROPE_STARTS:
+        rope_call = f"apply_rope(q, cos, sin, {n} + arange({ROPE_OFFSETS + 1}))"
+        shape = (1, 1, ROPE_OFFSETS + 1, ROPE_HD)
+        q_rot = _tensor(learner.apply_rope(q.expand(shape), *cache, n + r), shape, call=rope_call).double().cpu()
+        k_rot = _tensor(learner.apply_rope(k.expand(shape), *cache, torch.full_like(r, n)), shape,
+                        call=rope_call.replace("q,", "k,")).double().cpu()
+        dots.append((q_rot * k_rot).sum(-1).flatten().numpy())   # (R,): q at n + r against k at n
+    return {"T": ROPE_T, "hd": ROPE_HD, "cos": cos.numpy(), "starts": ROPE_STARTS,
+            "offsets": list(range(ROPE_OFFSETS + 1)), "dots": np.stack(dots)}
+
+
+def draw_rotation(data: dict):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 4.8), layout="constrained")
+    heatmap, curve = figure.subplots(1, 2)
+    image = heatmap.imshow(data["cos"], aspect="auto", cmap="RdBu_r", vmin=-1.0, vmax=1.0, interpolation="nearest")
+    heatmap.set(xlabel=f"pair i (dimensions 2i, 2i+1): wavelength 2π·10000^(2i/{data['hd']})", ylabel="position p",
+                title=f"cos(p·θ_i) from rope_cache({data['T']}, {data['hd']})")
+    figure.colorbar(image, ax=heatmap, label="cos(p·θ_i)", shrink=0.9)
+    r = np.array(data["offsets"])
+    for n, dots, style in zip(data["starts"], data["dots"], ["-", "--", ":"]):
+        curve.plot(r, dots, linestyle=style, linewidth=2, label=f"key at n = {n}, query at n + (m − n)")
+    curve.set(xlabel="offset m − n", ylabel="(R_m q) · (R_n k)", title="q·k after apply_rope: one curve if only m − n matters")
+    curve.grid(True, alpha=0.3)
+    curve.title.set_fontsize(10)
+    curve.legend(fontsize=8)
+    figure.suptitle("rope, from your rope_cache and apply_rope: slow pairs to the right, "
+                    "and a score that only the distance decides")
+    return figure
+
+
 # (kata slug, plot kind) -> (data function, draw function); manifests say which a kata has.
 PLOTS = {
+    ("rope", "rotation"): (rotation_data, draw_rotation),
+    ("sliding-window", "band"): (band_data, draw_band),
+    ("flash-tiling", "memory"): (flash_memory_data, draw_flash_memory),
     ("scaling-variance", "curves"): (curves_data, draw_curves),
     ("causal-mask", "heatmaps"): (causal_heatmaps_data, draw_heatmaps),
     ("mha", "heatmaps"): (mha_heatmaps_data, draw_heatmaps),

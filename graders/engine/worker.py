@@ -510,9 +510,25 @@ def sdpa_self_attention(x, qkv_weight, qkv_bias, out_weight, out_bias, n_heads, 
     return F.linear(y.transpose(1, 2).reshape(B, T, C), out_weight, out_bias)   # (B, T, C)
 
 
+def naive_attention(q, k, v, causal=False):
+    """softmax(q kᵀ / sqrt(head_dim)) v with the whole (B, H, Tq, Tk) score matrix built: kit code
+    that `kata plot flash-tiling` measures in the sandbox beside the learner's tiled version. Causal
+    is bottom-right aligned (query i sees keys 0 .. Tk - Tq + i)."""
+    import math
+
+    import torch
+
+    Tq, Tk = q.size(-2), k.size(-2)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))   # (B, H, Tq, Tk)
+    if causal:
+        allowed = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)   # (Tq, Tk)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v   # (B, H, Tq, hd)
+
+
 # Kit functions a request may ask a handle to (the "kit" op), to be called and measured like the
 # learner's own code.
-KIT_FUNCTIONS = {"sdpa_self_attention": sdpa_self_attention}
+KIT_FUNCTIONS = {"sdpa_self_attention": sdpa_self_attention, "naive_attention": naive_attention}
 
 
 def _module_info(module):

@@ -1,0 +1,225 @@
+"""Known KV-cache bugs, each the reference with exactly that mistake (variants: the same mistake
+as different people write it, in a torch.cat cache or in Llama's preallocated buffer)."""
+import torch
+import torch.nn.functional as F
+
+from reference.kv_cache import GroupedQueryAttention, KVCache
+
+MAX_LEN = 64   # the preallocated buffers' length: longer than any sequence the grader decodes
+
+
+class Preallocated(KVCache):
+    """Llama's cache, right: a buffer allocated at the first append, written at a position that
+    each append moves on; the bugs below change one line of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = 0
+
+    def append(self, k, v):
+        B, Hkv, t, hd = k.shape
+        if self.k is None:
+            self.k = k.new_zeros(B, Hkv, MAX_LEN, hd)
+            self.v = v.new_zeros(B, Hkv, MAX_LEN, hd)
+        self.k[:, :, self.pos:self.pos + t] = k
+        self.v[:, :, self.pos:self.pos + t] = v
+        self.pos += t
+        return self.k[:, :, :self.pos], self.v[:, :, :self.pos]
+
+    def reset(self):
+        self.pos = 0   # what lies beyond pos is never read again
+
+    def __len__(self):
+        return self.pos
+
+
+# --- cache-top-left-causal --------------------------------------------------------------------
+
+def forward_with_mask(m, x, cache, start_pos, mask):
+    """The reference's forward with ``mask(T, Tk, device)`` (True = may attend, or None) for its causal mask."""
+    cached = 0 if cache is None else len(cache)
+    if start_pos != cached:
+        raise ValueError(f"start_pos is {start_pos}, but the cache holds {cached} tokens")
+    B, T, C = x.shape
+    q = m.q_proj(x).view(B, T, m.n_heads, m.head_dim).transpose(1, 2)
+    k = m.k_proj(x).view(B, T, m.n_kv_heads, m.head_dim).transpose(1, 2)
+    v = m.v_proj(x).view(B, T, m.n_kv_heads, m.head_dim).transpose(1, 2)
+    if cache is not None:
+        k, v = cache.append(k, v)
+    Tk = k.shape[2]
+    k, v = k.repeat_interleave(m.n_rep, dim=1), v.repeat_interleave(m.n_rep, dim=1)
+    att = (q @ k.transpose(-2, -1)) * m.scale
+    allowed = mask(T, Tk, x.device)
+    if allowed is not None:
+        att = att.masked_fill(~allowed, float("-inf"))
+    y = F.softmax(att, dim=-1) @ v
+    return m.o_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class TopLeftCausal(GroupedQueryAttention):
+    def forward(self, x, cache=None, start_pos=0):
+        # tril() of a (T, Tk) mask: query i may see keys 0..i, as if it sat at position i (what
+        # SDPA's is_causal=True does when T != Tk). A decoded token then sees only key 0.
+        return forward_with_mask(self, x, cache, start_pos,
+                                 lambda T, Tk, device: torch.ones(T, Tk, dtype=torch.bool, device=device).tril())
+
+
+class TopLeftCausalButOneToken(GroupedQueryAttention):
+    def forward(self, x, cache=None, start_pos=0):
+        # Llama's "no mask for a single token" is right; the chunk's mask is still top-left.
+        return forward_with_mask(self, x, cache, start_pos, lambda T, Tk, device: None if T == 1 else
+                                 torch.ones(T, Tk, dtype=torch.bool, device=device).tril())
+
+
+# --- cache-stores-repeated-kv -----------------------------------------------------------------
+
+class StoresRepeatedKv(GroupedQueryAttention):
+    def forward(self, x, cache=None, start_pos=0):
+        cached = 0 if cache is None else len(cache)
+        if start_pos != cached:
+            raise ValueError(f"start_pos is {start_pos}, but the cache holds {cached} tokens")
+        B, T, C = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # repeated first, cached after: n_heads heads per token, the cache as large as MHA's
+        k, v = k.repeat_interleave(self.n_rep, dim=1), v.repeat_interleave(self.n_rep, dim=1)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        Tk = k.shape[2]
+        att = (q @ k.transpose(-2, -1)) * self.scale
+        allowed = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
+        att = att.masked_fill(~allowed, float("-inf"))
+        y = F.softmax(att, dim=-1) @ v
+        return self.o_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+# --- position-not-advanced --------------------------------------------------------------------
+
+class PositionNotAdvanced(Preallocated):
+    def append(self, k, v):
+        B, Hkv, t, hd = k.shape
+        if self.k is None:
+            self.k = k.new_zeros(B, Hkv, MAX_LEN, hd)
+            self.v = v.new_zeros(B, Hkv, MAX_LEN, hd)
+        self.k[:, :, self.pos:self.pos + t] = k   # pos never moves: every append overwrites from 0
+        self.v[:, :, self.pos:self.pos + t] = v
+        return self.k[:, :, :self.pos + t], self.v[:, :, :self.pos + t]
+
+
+class PositionNotAdvancedReadsNothing(Preallocated):
+    def append(self, k, v):
+        B, Hkv, t, hd = k.shape
+        if self.k is None:
+            self.k = k.new_zeros(B, Hkv, MAX_LEN, hd)
+            self.v = v.new_zeros(B, Hkv, MAX_LEN, hd)
+        self.k[:, :, self.pos:self.pos + t] = k   # written, but pos never moves: [:pos] reads nothing
+        self.v[:, :, self.pos:self.pos + t] = v
+        return self.k[:, :, :self.pos], self.v[:, :, :self.pos]
+
+
+class LengthNotAdvanced(KVCache):
+    def __init__(self):
+        super().__init__()
+        self.n_tokens = 0   # the count len() reports; append never adds k.shape[2] to it
+
+    def __len__(self):
+        return self.n_tokens
+
+
+class PositionAdvancedByOne(Preallocated):
+    def append(self, k, v):
+        B, Hkv, t, hd = k.shape
+        if self.k is None:
+            self.k = k.new_zeros(B, Hkv, MAX_LEN, hd)
+            self.v = v.new_zeros(B, Hkv, MAX_LEN, hd)
+        end = self.pos + t
+        self.k[:, :, self.pos:end] = k
+        self.v[:, :, self.pos:end] = v
+        self.pos += 1   # one token per step, as in decoding: a prefill of t tokens moves it by 1 too
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+# --- cache-not-reset --------------------------------------------------------------------------
+
+class ResetForgetsSelf(KVCache):
+    def reset(self):
+        k = v = None   # noqa: F841  (locals: self.k and self.v keep every old token)
+
+
+class ResetOnlyTheCount(KVCache):
+    def __init__(self):
+        super().__init__()
+        self.n_tokens = 0
+
+    def append(self, k, v):
+        self.n_tokens += k.shape[2]
+        return super().append(k, v)
+
+    def reset(self):
+        self.n_tokens = 0   # the count restarts, but self.k and self.v still hold the old tokens
+
+    def __len__(self):
+        return self.n_tokens
+
+
+class ResetZeroesTheBuffer(Preallocated):
+    def reset(self):
+        if self.k is not None:   # the old values are wiped, but the write position stays where it was
+            self.k.zero_()
+            self.v.zero_()
+
+
+# --- concat-wrong-dim -------------------------------------------------------------------------
+
+class ConcatOnHeads(KVCache):
+    def append(self, k, v):
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            # dim=1 is time in Llama's (B, T, H, hd) layout, but the heads in this kata's (B, H, T, hd)
+            self.k = torch.cat([self.k, k], dim=1)
+            self.v = torch.cat([self.v, v], dim=1)
+        return self.k, self.v
+
+
+class ConcatOnHeadDim(KVCache):
+    def append(self, k, v):
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            self.k = torch.cat([self.k, k], dim=-1)   # the last axis is head_dim, not time
+            self.v = torch.cat([self.v, v], dim=-1)
+        return self.k, self.v
+
+
+# --- banned-api -------------------------------------------------------------------------------
+
+class BannedApi(GroupedQueryAttention):
+    def forward(self, x, cache=None, start_pos=0):
+        cached = 0 if cache is None else len(cache)
+        if start_pos != cached:
+            raise ValueError(f"start_pos is {start_pos}, but the cache holds {cached} tokens")
+        B, T, C = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        Tk = k.shape[2]
+        allowed = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+        return self.o_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+BUGS = {
+    "cache-top-left-causal": [{"GroupedQueryAttention": TopLeftCausal},
+                              {"GroupedQueryAttention": TopLeftCausalButOneToken}],
+    "cache-stores-repeated-kv": {"GroupedQueryAttention": StoresRepeatedKv},
+    "position-not-advanced": [{"KVCache": PositionNotAdvanced}, {"KVCache": PositionNotAdvancedReadsNothing},
+                              {"KVCache": LengthNotAdvanced}, {"KVCache": PositionAdvancedByOne}],
+    "cache-not-reset": [{"KVCache": ResetForgetsSelf}, {"KVCache": ResetOnlyTheCount},
+                        {"KVCache": ResetZeroesTheBuffer}],
+    "concat-wrong-dim": [{"KVCache": ConcatOnHeads}, {"KVCache": ConcatOnHeadDim}],
+    "banned-api": {"GroupedQueryAttention": BannedApi},
+}

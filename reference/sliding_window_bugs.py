@@ -1,0 +1,119 @@
+"""Known sliding-window bugs, each the reference with exactly that mistake. A mask bug comes with
+the attention that uses it: the reference's attention calls the reference's own mask."""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from reference.sliding_window import RollingKVCache, sliding_window_mask
+
+
+def _attend(q, k, v, allowed):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ v
+
+
+def _back(Tq, Tk, device, window):
+    if window < 1 or Tq > Tk:
+        raise ValueError(f"bad arguments: Tq={Tq}, Tk={Tk}, window={window}")
+    return torch.arange(Tk - Tq, Tk, device=device)[:, None] - torch.arange(Tk, device=device)[None, :]
+
+
+def mask_window_plus_one(Tq, Tk, window, device=None):
+    back = _back(Tq, Tk, device, window)
+    return (back >= 0) & (back <= window)   # window + 1 keys: the query and window keys before it
+
+
+def attention_window_plus_one(q, k, v, window):
+    return _attend(q, k, v, mask_window_plus_one(q.size(-2), k.size(-2), window, q.device))
+
+
+def mask_window_minus_one(Tq, Tk, window, device=None):
+    back = _back(Tq, Tk, device, window)
+    return (back >= 0) & (back < window - 1)   # window - 1 keys: the oldest one is lost
+
+
+def attention_window_minus_one(q, k, v, window):
+    return _attend(q, k, v, mask_window_minus_one(q.size(-2), k.size(-2), window, q.device))
+
+
+def mask_symmetric(Tq, Tk, window, device=None):
+    return _back(Tq, Tk, device, window).abs() < window   # a band on both sides: window - 1 future keys too
+
+
+def attention_symmetric(q, k, v, window):
+    return _attend(q, k, v, mask_symmetric(q.size(-2), k.size(-2), window, q.device))
+
+
+def mask_no_causal_bound(Tq, Tk, window, device=None):
+    return _back(Tq, Tk, device, window) < window   # only the far edge: every future key is allowed
+
+
+def attention_no_causal_bound(q, k, v, window):
+    return _attend(q, k, v, mask_no_causal_bound(q.size(-2), k.size(-2), window, q.device))
+
+
+def mask_top_left(Tq, Tk, window, device=None):
+    back = _back(Tq, Tk, device, window) - (Tk - Tq)   # query i taken to sit at position i, not Tk - Tq + i
+    return (back >= 0) & (back < window)
+
+
+def attention_top_left(q, k, v, window):
+    return _attend(q, k, v, mask_top_left(q.size(-2), k.size(-2), window, q.device))
+
+
+def attention_banned(q, k, v, window):
+    allowed = sliding_window_mask(q.size(-2), k.size(-2), window, device=q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+
+class RollingKVCacheSlotOrder(RollingKVCache):
+    def _last(self, buffer, n):
+        slots = torch.arange(self.seen - n, self.seen, device=buffer.device) % self.window
+        return buffer[..., slots.sort().values, :]   # the buffer as it lies in memory: never unrotated
+
+
+class RollingKVCacheNewestFirst(RollingKVCache):
+    def append(self, k, v):
+        k_win, v_win = super().append(k, v)
+        return k_win.flip(-2), v_win.flip(-2)   # newest first
+
+
+class RollingKVCacheConcat(RollingKVCache):
+    def append(self, k, v):
+        before = min(self.seen, self.window - 1)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)   # every token ever seen
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
+        self.seen += k.size(-2)
+        n = before + k.size(-2)
+        return self.k[..., -n:, :], self.v[..., -n:, :]
+
+
+class RollingKVCacheList(RollingKVCache):
+    def __init__(self, window):
+        super().__init__(window)
+        self.keys, self.values = [], []   # one (B, H, hd) tensor per token, never dropped
+
+    def append(self, k, v):
+        before = min(self.seen, self.window - 1)
+        self.keys.extend(k.unbind(-2))
+        self.values.extend(v.unbind(-2))
+        self.seen += k.size(-2)
+        n = before + k.size(-2)
+        return torch.stack(self.keys[-n:], dim=-2), torch.stack(self.values[-n:], dim=-2)
+
+
+BUGS = {
+    "window-off-by-one": [{"sliding_window_mask": mask_window_plus_one,
+                           "sliding_window_attention": attention_window_plus_one},
+                          {"sliding_window_mask": mask_window_minus_one,
+                           "sliding_window_attention": attention_window_minus_one}],
+    "window-not-causal": [{"sliding_window_mask": mask_symmetric, "sliding_window_attention": attention_symmetric},
+                          {"sliding_window_mask": mask_no_causal_bound,
+                           "sliding_window_attention": attention_no_causal_bound}],
+    "mask-top-left-aligned": {"sliding_window_mask": mask_top_left, "sliding_window_attention": attention_top_left},
+    "rolling-buffer-order": [{"RollingKVCache": RollingKVCacheSlotOrder},
+                             {"RollingKVCache": RollingKVCacheNewestFirst}],
+    "rolling-buffer-grows": [{"RollingKVCache": RollingKVCacheConcat}, {"RollingKVCache": RollingKVCacheList}],
+    "banned-api": {"sliding_window_attention": attention_banned},
+}
