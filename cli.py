@@ -118,7 +118,7 @@ def list_(workspace):
     """List every kata in order, with your status and best score."""
     ws = _workspace(workspace)
     katas = _all_katas()
-    width = max(len(k.slug) for k in katas)
+    width, title_width = max(len(k.slug) for k in katas), max(len(k.title) for k in katas)
     for kata in katas:
         state = ws.kata_state(kata)
         if state.get("passed"):
@@ -128,7 +128,7 @@ def list_(workspace):
         else:
             status, colour = ("started" if ws.file_for(kata).exists() else "-"), None
         best = (f"{state['best_score']:g}/{kata.max_score:g}" if "best_score" in state else "")
-        click.echo(f"{kata.order:>2}. {kata.slug:<{width}}  {kata.framework:<6}  {kata.title:<44} "
+        click.echo(f"{kata.order:>2}. {kata.slug:<{width}}  {kata.framework:<6}  {kata.title:<{title_width}} "
                    f"{click.style(f'{status:<11}', fg=colour)} {best}".rstrip())
 
 

@@ -426,23 +426,10 @@ def rejected(m, x, *, cache, start_pos, numbers, why, case):
     expected = (f"ValueError (or AssertionError) naming {' and '.join(map(str, numbers))}, raised before the cache "
                 "is touched")
     given = {"start_pos": start_pos} if cache is None else {"cache": cache, "start_pos": start_pos}
-    try:
-        m(x, **given)
-    except LearnerRaised as exc:
-        if exc.type_name is None:
-            raise
-        first = exc.message.splitlines()[0]
-        expect.that(exc.type_name in ("ValueError", "AssertionError"),
-                    f"{why}, but the error raised is not the expected one.", call=call, case=case,
-                    got=first, expected=expected)
-        said = "\n".join([first.partition(f" raised {exc.type_name}")[2]] + [
-            line for line in exc.message.splitlines()[1:] if not line.startswith("  line ")])
-        missing = [n for n in numbers if not re.search(rf"(?<![\d.]){n}(?![\d.])", said)]
-        expect.that(not missing, f"{why}: the error is right, but its message does not say which numbers disagree.",
-                    call=call, case=case, got=first, expected=expected)
-        return
-    expect.fail(f"{why}, yet the module returned an output.", call=call, case=case, got="an output",
-                expected=expected)
+    expect.refused(lambda: m(x, **given), call=call, case=case, expected=expected, naming=numbers,
+                   raised=f"{why}, but the error raised is not the expected one.",
+                   returned=f"{why}, yet the module returned an output.",
+                   unnamed=f"{why}: the error is right, but its message does not say which numbers disagree.")
 
 
 def test_rejects_mismatched_start_pos(learner, bugs, kata, rng, device):

@@ -18,6 +18,8 @@ def test_list_shows_every_kata_in_order(kata_cmd):
     lines = run.stdout.splitlines()
     assert [line.split()[1] for line in lines] == [k.slug for k in katas()]
     assert all(k.title in run.stdout for k in katas())
+    # One status column, however long a title is.
+    assert len({line.index(" - ", line.index(k.title)) for line, k in zip(lines, katas())}) == 1, run.stdout
 
 
 def test_start_check_pass_flow(kata_cmd):

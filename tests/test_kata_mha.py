@@ -115,4 +115,4 @@ def test_missing_divisibility_check_and_wrong_exception(grade_source):
     checks = checks_by_id(grade_source("mha", SOLUTION.replace(
         'assert d_model % n_heads == 0, "d_model must be divisible by n_heads"',
         "if d_model % n_heads:\n            raise RuntimeError('bad heads')")))
-    assert "raised RuntimeError: bad heads" in checks["rejects-indivisible-heads"]["message"]
+    assert "got: RuntimeError: bad heads" in checks["rejects-indivisible-heads"]["message"]

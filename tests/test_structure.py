@@ -6,7 +6,7 @@ import torch.nn as nn
 
 from conftest import checks_by_id
 from graders.engine.manifest import find
-from graders.engine.structure import tampering
+from graders.engine.structure import banned_in_source, tampering
 from graders.engine.worker import _module_info
 
 SOFTMAX = '''
@@ -101,6 +101,16 @@ def test_star_import_of_torch_is_tampering(grade_source):
     assert (check["score"], check["diagnosis"]) == (0, "tampering")
     assert "got: from torch import * (line 3)" in check["message"]
     assert result["diagnoses"] == ["tampering"]
+
+
+@pytest.mark.parametrize("source", [
+    "from torch.autograd.functional import hvp\nhvp(f, x, v)\n",
+    "import torch.autograd.forward_ad as fwAD\nfwAD.dual_level()\n",
+    "import torch\ntorch.autograd.functional.jvp(f, x, v)\n",
+])
+def test_a_banned_module_bans_what_lies_under_it_however_imported(source):
+    assert banned_in_source(source, ["torch.autograd", "torch.func"]) == ["torch.autograd"]
+    assert banned_in_source("import torch\ntorch.autograd_helpers(x)\n", ["torch.autograd"]) == []
 
 
 def test_the_scan_keeps_what_it_caught_before():

@@ -6,11 +6,12 @@ expected; ``diagnose`` (called only on failure) names the known bug the output m
 """
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import numpy as np
 
-from .failures import CheckFailed
+from .failures import CheckFailed, LearnerRaised
 from .learner import Foreign, describe_value
 from .recording import NotRecorded
 
@@ -55,6 +56,33 @@ def fail(message: str, *, diagnose: Diagnose = None, **fields):
 def that(condition: bool, message: str, *, diagnose: Diagnose = None, **fields):
     if not condition:
         fail(message, diagnose=diagnose, **fields)
+
+
+def refused(make: Callable, *, call: str, case: str | None = None, expected: str, raised: str, returned: str,
+            naming=(), unnamed: str = "", diagnose: Diagnose = None):
+    """``make()`` refuses a bad argument up front: it raises ValueError or AssertionError, whose
+    message names each number of ``naming`` (else the failure ``unnamed``). A name the learner's
+    file lacks propagates as it is; another exception fails with ``raised``, a return with ``returned``."""
+    try:
+        result = make()
+    except LearnerRaised as exc:
+        if exc.type_name is None:   # the function or class itself is missing: report that as it is
+            raise
+        said = learner_said(exc)
+        got = f"{exc.type_name}: {said}" if said else f"{exc.type_name} with no message"
+        that(exc.type_name in ("ValueError", "AssertionError"), raised, call=call, case=case, got=got,
+             expected=expected, diagnose=diagnose)
+        missing = [n for n in naming if not re.search(rf"(?<![\d.]){n}(?!\.?\d)", said)]
+        that(not missing, unnamed, call=call, case=case, got=got, expected=expected)
+        return
+    fail(returned, call=call, case=case, got=describe_value(result), expected=expected, diagnose=diagnose)
+
+
+def learner_said(exc: LearnerRaised) -> str:
+    """The learner's own exception message: without the call in front or the lines of code after."""
+    first, *rest = exc.message.splitlines()
+    lines = [first.partition(f" raised {exc.type_name}")[2].removeprefix(": ")]
+    return "\n".join(lines + [line for line in rest if not line.startswith("  line ")]).strip()
 
 
 def type_of(got, expected_type: type, *, call: str, case: str | None = None, what: str = "the result"):

@@ -126,8 +126,10 @@ def _dotted(node) -> str | None:
 
 
 def banned_in_source(source: str, banned) -> list[str]:
+    """Banned names the source refers to. A banned module bans what lies under it, however it is
+    imported: ``from torch.autograd.functional import vjp`` uses ``torch.autograd``."""
     used = source_calls(source)
-    return [b for b in banned if b in used]
+    return [b for b in banned if any(name == b or name.startswith(b + ".") for name in used)]
 
 
 def banned_in_ops(ops: list[dict], banned) -> list[str]:
