@@ -514,16 +514,14 @@ def naive_attention(q, k, v, causal=False):
     """softmax(q kᵀ / sqrt(head_dim)) v with the whole (B, H, Tq, Tk) score matrix built: kit code
     that `kata plot flash-tiling` measures in the sandbox beside the learner's tiled version. Causal
     is bottom-right aligned (query i sees keys 0 .. Tk - Tq + i)."""
-    import math
-
     import torch
 
-    Tq, Tk = q.size(-2), k.size(-2)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))   # (B, H, Tq, Tk)
+    scores = torch.matmul(q, k.mT) * q.size(-1) ** -0.5   # (B, H, Tq, Tk): the whole matrix, built
     if causal:
-        allowed = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq)   # (Tq, Tk)
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v   # (B, H, Tq, hd)
+        # True above the bottom-right aligned diagonal: the keys after each query's position.
+        future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(k.size(-2) - q.size(-2) + 1)
+        scores = scores.masked_fill(future, float("-inf"))   # (B, H, Tq, Tk)
+    return scores.softmax(dim=-1) @ v   # (B, H, Tq, hd)
 
 
 # Kit functions a request may ask a handle to (the "kit" op), to be called and measured like the
