@@ -9,9 +9,6 @@ from graders.engine.structure import banned_used, check_untampered
 B, H, D, DV = 2, 3, 4, 10   # H != head_dim, and v's width differs from q/k's and from every T used
 
 
-FLOAT_MASK = ("Masks must be bool tensors (True = may attend). A float mask means something else to "
-              "F.scaled_dot_product_attention: it is added to the scores, so a 0/1 float mask hides nothing.")
-
 
 def randn(rng, *shape, dtype=torch.float64):
     return torch.from_numpy(rng.standard_normal(shape)).to(dtype)
@@ -43,19 +40,8 @@ def queries(n: int) -> str:
     return f"{n} query" if n == 1 else f"{n} queries"
 
 
-def check_mask_type(got, shape, *, call, case=None, device=None):
-    """A mask must be a plain bool tensor of the right shape (and device) before its values count."""
-    expect.type_of(got, torch.Tensor, call=call, case=case)
-    expect.that(tuple(got.shape) == shape, "The mask has the wrong shape.", call=call, case=case,
-                got=f"shape {tuple(got.shape)}", expected=f"shape {shape}")
-    expect.that(got.dtype == torch.bool, FLOAT_MASK, call=call, case=case, got=str(got.dtype), expected="torch.bool")
-    if device is not None:
-        expect.that(got.device.type == device, "The mask is on the wrong device.", call=call, case=case,
-                    got=str(got.device), expected=device)
-
-
 def check_mask(got, expected, *, call, case, diagnose, device=None, rows="one row per query"):
-    check_mask_type(got, tuple(expected.shape), call=call, case=case, device=device)
+    expect.bool_mask(got, tuple(expected.shape), call=call, case=case, device=device)
     wrong = got.to("cpu") != expected
     first = ", ".join(str(int(i)) for i in torch.nonzero(wrong)[0]) if wrong.any() else ""
     expect.that(not wrong.any(), f"The mask is wrong at {int(wrong.sum())} of {wrong.numel()} positions "
@@ -131,7 +117,7 @@ def test_masks_are_bool(learner):
         got = make()
         case = "lengths = tensor([6, 2, 4])" if call.startswith("padding") else None
         expect.type_of(got, torch.Tensor, call=call, case=case)
-        expect.that(got.dtype == torch.bool, FLOAT_MASK, call=call, case=case, got=str(got.dtype),
+        expect.that(got.dtype == torch.bool, expect.FLOAT_MASK, call=call, case=case, got=str(got.dtype),
                     expected="torch.bool")
 
 
@@ -225,9 +211,9 @@ def test_causal_and_padding_combined(learner, bugs, kata, rng, device):
     for tq, tk in ((7, 7), (2, 7)):
         causal_call, padding_call = f"causal_mask({tq}, {tk}, device=q.device)", f"padding_mask(lengths, {tk})"
         causal = learner.causal_mask(tq, tk, device=device)
-        check_mask_type(causal, (tq, tk), call=causal_call, device=device)
+        expect.bool_mask(causal, (tq, tk), call=causal_call, device=device)
         padding = learner.padding_mask(lengths, tk)
-        check_mask_type(padding, (B, 1, 1, tk), call=padding_call, case=f"lengths = tensor({lengths.tolist()})",
+        expect.bool_mask(padding, (B, 1, 1, tk), call=padding_call, case=f"lengths = tensor({lengths.tolist()})",
                         device=device)
         q, k, v = qkv(rng, (B, H), tq, tk)
         tol, loose = tolerances(kata, q.dtype)

@@ -1,7 +1,7 @@
 """Hidden checks of the causal-mask kata: fresh inputs at each grading, never in a student bundle."""
 import torch
 
-from graders.causal_mask import B, D, DV, H, check_mask_type, mask_call, pair_form, qkv, randn, tolerances
+from graders.causal_mask import B, D, DV, H, mask_call, pair_form, qkv, randn, tolerances
 from graders.engine import expect
 
 
@@ -21,7 +21,7 @@ def test_future_perturbation_leaves_past_unchanged(learner, bugs, kata, rng):
     # is the value checks' business (a causal attention with a wrong scale is still causal).
     for tq, tk in ((6, 6), (5, 9)):
         mask = learner.causal_mask(tq, tk)
-        check_mask_type(mask, (tq, tk), call=mask_call(tq, tk), device="cpu")   # device=None: the default device
+        expect.bool_mask(mask, (tq, tk), call=mask_call(tq, tk), device="cpu")   # device=None: the default device
         q, k, v = qkv(rng, (B, H), tq, tk)
         tol, loose = tolerances(kata, q.dtype)
         call = f"masked_attention(q, k, v, mask={mask_call(tq, tk)})"

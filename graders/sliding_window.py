@@ -26,8 +26,6 @@ DECODES = [(4, [1] * 11), (4, [3, 1, 6, 2, 1, 4]), (3, [2, 5, 1, 3, 1]), (1, [2,
 # token, a window of 8 and a stream of 16 windows before the append that is measured.
 MEMORY = {"B": 2, "H": 3, "D": 16, "DV": 24, "window": 8, "stream": 128}
 
-FLOAT_MASK = ("Masks must be bool tensors (True = may attend). A float mask means something else to "
-              "F.scaled_dot_product_attention: it is added to the scores, so a 0/1 float mask hides nothing.")
 QKV_CASE = "q ({B}, {H}, {Tq}, {D}), k ({B}, {H}, {Tk}, {D}), v ({B}, {H}, {Tk}, {DV}), {dtype} standard normal"
 
 
@@ -70,17 +68,6 @@ def grid(mask) -> str:
         "\n    " + " ".join(map(str, line)) for line in lines)
 
 
-def mask_form(got, shape, *, call, case=None, device=None):
-    """A plain bool tensor of the right shape (and device) before its values count."""
-    expect.type_of(got, torch.Tensor, call=call, case=case, what="the mask")
-    expect.that(tuple(got.shape) == shape, "The mask has the wrong shape.", call=call, case=case,
-                got=f"shape {tuple(got.shape)}", expected=f"shape {shape}")
-    expect.that(got.dtype == torch.bool, FLOAT_MASK, call=call, case=case, got=str(got.dtype), expected="torch.bool")
-    if device is not None:
-        expect.that(got.device.type == device, "The mask is on the wrong device.", call=call, case=case,
-                    got=str(got.device), expected=device)
-
-
 def mask_diagnosis(got, Tq, Tk, window):
     """A bug named from the mask's pattern, when no oracle gives exactly this mask: a future key
     allowed, the band one key too wide or too narrow, or the queries aligned top-left."""
@@ -98,7 +85,7 @@ def mask_diagnosis(got, Tq, Tk, window):
 
 
 def check_mask(got, expected, *, call, case, diagnose, device=None):
-    mask_form(got, tuple(expected.shape), call=call, case=case, device=device)
+    expect.bool_mask(got, tuple(expected.shape), call=call, case=case, device=device, what="the mask")
     wrong = got.to("cpu") != expected
     first = ", ".join(str(int(i)) for i in torch.nonzero(wrong)[0]) if wrong.any() else ""
     expect.that(not wrong.any(), f"The mask is wrong at {int(wrong.sum())} of {wrong.numel()} positions "
@@ -257,7 +244,7 @@ def test_mask_band_values(learner, bugs, kata):
 def test_mask_dtype_and_device(learner, device):
     """the mask is bool and built on `device` (a meta tensor for device="meta"; CUDA too when present)"""
     call = "sliding_window_mask(5, 8, 3)"
-    mask_form(learner.sliding_window_mask(5, 8, 3), (5, 8), call=call)
+    expect.bool_mask(learner.sliding_window_mask(5, 8, 3), (5, 8), call=call, what="the mask")
     case = "a meta tensor has a shape and a dtype but no data: it shows where the mask was built"
     for dev, text in (("meta", "'meta'"), (torch.device("meta"), "torch.device('meta')")):
         call = f"sliding_window_mask(4, 6, 3, device={text})"
@@ -265,7 +252,7 @@ def test_mask_dtype_and_device(learner, device):
         expect.type_of(got, torch.Tensor, call=call, case=case, what="the mask")
         expect.that(got.device.type == "meta", "sliding_window_mask ignored its `device` argument.", call=call,
                     case=case, got=f"a tensor on {got.device}", expected="a tensor on meta")
-        mask_form(got, (4, 6), call=call, case=case)
+        expect.bool_mask(got, (4, 6), call=call, case=case, what="the mask")
     if device == "cuda":
         got = learner.sliding_window_mask(4, 6, 3, device="cuda")
         check_mask(got, band(4, 6, 3), call="sliding_window_mask(4, 6, 3, device='cuda')", case=band_case(4, 6, 3),

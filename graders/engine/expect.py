@@ -58,6 +58,24 @@ def that(condition: bool, message: str, *, diagnose: Diagnose = None, **fields):
         fail(message, diagnose=diagnose, **fields)
 
 
+FLOAT_MASK = ("Masks must be bool tensors (True = may attend). A float mask means something else to "
+              "F.scaled_dot_product_attention: it is added to the scores, so a 0/1 float mask hides nothing.")
+
+
+def bool_mask(got, shape: tuple, *, call: str, case: str | None = None, device: str | None = None,
+              what: str = "the result"):
+    """A mask must be a plain bool tensor of ``shape`` (and on ``device``) before its values count."""
+    import torch
+
+    type_of(got, torch.Tensor, call=call, case=case, what=what)
+    that(tuple(got.shape) == shape, "The mask has the wrong shape.", call=call, case=case,
+         got=f"shape {tuple(got.shape)}", expected=f"shape {shape}")
+    that(got.dtype == torch.bool, FLOAT_MASK, call=call, case=case, got=str(got.dtype), expected="torch.bool")
+    if device is not None:
+        that(got.device.type == device, "The mask is on the wrong device.", call=call, case=case,
+             got=str(got.device), expected=device)
+
+
 def refused(make: Callable, *, call: str, case: str | None = None, expected: str, raised: str, returned: str,
             naming=(), unnamed: str = "", diagnose: Diagnose = None):
     """``make()`` refuses a bad argument up front: it raises ValueError or AssertionError, whose
