@@ -1,6 +1,7 @@
 """The `kata` command: practise attention katas and have them graded.
 
-Thin on purpose: parse the command line, call the engine in graders/engine, render the result.
+Thin on purpose: parse the command line, call the judge (graders/engine) or a feature built on it
+(graders/practice, graders/classroom, graders/authoring), render what comes back.
 """
 from __future__ import annotations
 
@@ -16,15 +17,17 @@ from pathlib import Path
 
 import click
 
-from graders.engine import manifest, release
-from graders.engine.history import progress, suggestions
-from graders.engine.interview import Interview, render_scorecard
-from graders.engine.interview import plan as interview_plan
+from graders.classroom import release
+from graders.engine import manifest
+from graders.engine.bundle import NO_REFERENCE, bundle_info
 from graders.engine.manifest import Kata, ManifestError
 from graders.engine.report import bar, render
-from graders.engine.notebook import grade_notebook, notebook
 from graders.engine.runner import DEVICES, RunnerError, grade, new_seed, resolve_device
-from graders.engine.workspace import Workspace
+from graders.practice.history import progress, suggestions
+from graders.practice.interview import Interview, render_scorecard
+from graders.practice.interview import plan as interview_plan
+from graders.practice.notebook import grade_notebook, notebook
+from graders.practice.workspace import Workspace
 
 
 class EnvironmentProblem(click.ClickException):
@@ -57,8 +60,8 @@ def _kata(name: str) -> Kata:
 
 def _full_kit(command: str):
     """Refuse, plainly, a command that needs the reference when this kit is a student bundle."""
-    if release.bundle_info() is not None:
-        raise EnvironmentProblem(release.NO_REFERENCE.format(command=command))
+    if bundle_info() is not None:
+        raise EnvironmentProblem(NO_REFERENCE.format(command=command))
 
 
 def _containment_note():
@@ -72,7 +75,7 @@ def _containment_note():
 
 def _grading_sandbox(no_sandbox: bool) -> bool:
     """Before grading many files: bwrap's sandbox, or --no-sandbox said aloud; exit 2 otherwise."""
-    from graders.engine.batch import NO_SANDBOX
+    from graders.classroom.batch import NO_SANDBOX
     from graders.engine.sandbox import SandboxUnusable, containment, sandbox_uid
 
     if not no_sandbox:
@@ -172,7 +175,7 @@ def _started(ws: Workspace, kata_name: str | None) -> list[tuple[Kata, Path]]:
 
 def _session_seed(seed: int | None) -> int:
     """The seed of a run: --seed, or a fresh one (a student bundle has only the one it recorded)."""
-    bundle = release.bundle_info()
+    bundle = bundle_info()
     if bundle is not None and seed not in (None, bundle["seed"]):
         raise click.UsageError(f"This student bundle recorded its expected values at seed {bundle['seed']} only: "
                                "leave out --seed (or give that one). Other seeds run when your instructor grades.")
@@ -248,7 +251,7 @@ def watch(kata_name, poll, interval, seed, workspace):
     looks at the files every --interval seconds instead, and watch switches to polling by itself
     where events do not arrive (some network and container file systems). Ctrl-C stops.
     """
-    from graders.engine.watch import Watcher
+    from graders.practice.watch import Watcher
 
     ws = _workspace(workspace)
     katas = {path: kata for kata, path in _started(ws, kata_name)}
@@ -477,7 +480,7 @@ def plot(kata_name, kind, out, seed, device, max_t, workspace):
     Your code runs in the kit's sandbox, as for `kata check`; an existing file at --out is
     replaced only if it is a PNG.
     """
-    from graders.engine import plots
+    from graders.practice import plots
 
     kata = _kata(kata_name)
     if not kata.plots:
@@ -527,7 +530,7 @@ def nbgrader_init(course, assignment, kata_names):
     points, hidden checks between hidden-test delimiters. Then run `nbgrader generate_assignment
     ASSIGNMENT` in COURSE as usual.
     """
-    from graders.engine.course import init
+    from graders.classroom.course import init
 
     _full_kit("nbgrader init")
     try:
@@ -554,7 +557,7 @@ def nbgrader_autograde(course, assignment, kata_names, jobs, no_sandbox):
     score of its test cell, so `nbgrader export` and the formgrader show it. The kit's records,
     feedback.md and results.json per student are in COURSE/kata/ASSIGNMENT/.
     """
-    from graders.engine.course import autograde
+    from graders.classroom.course import autograde
 
     _full_kit("nbgrader autograde")
     if importlib.util.find_spec("nbgrader") is None:
@@ -609,7 +612,7 @@ def grade_class(submissions, out, kata_names, jobs, force, seed, device, show_hi
     --no-sandbox is given.
     """
     _full_kit("grade")
-    from graders.engine.batch import Grading
+    from graders.classroom.batch import Grading
 
     if seed is not None and seed in release.released_seeds():
         raise click.BadParameter(f"a student bundle released from this kit recorded the expected values at seed "
@@ -678,7 +681,7 @@ def lint(kata_name, seed, mutants, seeds, sample):
     call exactly as the reference did) or a survivor; each kata's grader must kill at least 95 %
     of the mutants that are not equivalent. Survivors are shown with their change.
     """
-    from graders.engine.lint import lint as lint_kata
+    from graders.authoring.lint import lint as lint_kata
 
     _full_kit("lint")
     katas = [_kata(kata_name)] if kata_name else _all_katas()
@@ -701,7 +704,7 @@ def lint(kata_name, seed, mutants, seeds, sample):
 
 
 def _lint_mutants(katas, seeds: list[int], sample: int | None):
-    from graders.engine import mutants
+    from graders.authoring import mutants
 
     click.echo(f"Grading mutants of {len(katas)} reference(s) at seed(s) {', '.join(map(str, seeds))}")
     scores = []
@@ -755,7 +758,7 @@ def gradescope(out, kata_names):
     and always writes results.json, with score 0 and the reason when grading could not finish.
     """
     _full_kit("gradescope")
-    from graders.engine.gradescope import GradescopeError, build
+    from graders.classroom.gradescope import GradescopeError, build
 
     katas = _kata_list(kata_names)
     try:

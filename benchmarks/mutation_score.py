@@ -1,6 +1,6 @@
 """How many small mistakes each kata's grader catches: `kata lint --mutants` as a table, timed.
 
-Every mutant of each reference (see graders/engine/mutants.py) is graded in the sandbox at each
+Every mutant of each reference (see graders/authoring/mutants.py) is graded in the sandbox at each
 seed. Printed per kata: mutants, equivalent (answered every call exactly as the reference did),
 killed, survivors, the share killed of the non-equivalent ones against the goal, and the time.
 
@@ -15,7 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graders.engine import manifest, mutants  # noqa: E402
+from graders.authoring import mutants  # noqa: E402
+from graders.engine import manifest  # noqa: E402
 
 
 def main():

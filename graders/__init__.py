@@ -1,1 +1,2 @@
-"""One pytest grader per kata (``<kata>.py``) and the grading engine (``engine/``)."""
+"""One pytest grader per kata (``<kata>.py``), the judge that runs them (``engine/``), and the
+features built on it (``practice/``, ``classroom/``, ``authoring/``)."""

@@ -10,6 +10,7 @@ from graders.engine.failures import CheckFailed, LearnerRaised
 from graders.engine.learner import describe_value
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_used, check_untampered
+from graders.engine.weights import inject, listing, normal
 
 # (B, Tq, Tk, d_model, n_heads, kdim, vdim); kdim/vdim None: left out, the defaults (d_model).
 # Tq != Tk and B != n_heads != head_dim everywhere, and kdim != vdim != d_model where they are given,
@@ -23,10 +24,6 @@ KEYS = ["q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.
 CASE = ("query: {dtype} ({B}, {Tq}, {d}), key: ({B}, {Tk}, {kdim}), value: ({B}, {Tk}, {vdim}), standard normal; "
         "n_heads={H}; weights injected (W ~ N(0, 1/fan_in), b ~ N(0, 0.25))")
 TORCH_MHA = "nn.MultiheadAttention(d_model, n_heads, kdim, vdim, batch_first=True) with the same weights"
-
-
-def normal(rng, *shape, std=1.0):
-    return torch.from_numpy(rng.standard_normal(shape) * std)
 
 
 def widths(cfg):
@@ -102,10 +99,6 @@ def params_diagnosis(params, d, kdim, vdim):
     return "kdim-ignored" if (k is not None and k != [d, kdim]) or (v is not None and v != [d, vdim]) else None
 
 
-def listing(params) -> str:
-    return ", ".join(f"{name} {tuple(shape)}" for name, shape in params.items()) or "no parameters"
-
-
 def construct(learner, cfg):
     """The learner's module for a config: kdim and vdim passed only when the config gives them."""
     d, kdim, vdim = widths(cfg)
@@ -117,18 +110,10 @@ def build(learner, device, sd, cfg):
     """The learner's module for a config: constructed, its parameters checked, cast to the
     weights' dtype, moved, weights injected, eval mode."""
     d, kdim, vdim = widths(cfg)
-    m = construct(learner, cfg)
-    params = {name: entry[0] for name, entry in learner.module_info(m)["parameters"].items()}
-    wrong = {k: params.get(k) for k, shape in shapes(d, kdim, vdim).items() if params.get(k) != shape}
-    expect.that(not wrong, "The module lacks the parameters the grader injects weights into.", call=constructor(cfg),
-                got=", ".join(f"{k}: {'missing' if s is None else tuple(s)}" for k, s in wrong.items()),
-                expected=listing(shapes(d, kdim, vdim)) + " (k_proj = nn.Linear(kdim, d_model), "
-                "v_proj = nn.Linear(vdim, d_model), with bias)",
-                diagnose=lambda: params_diagnosis(params, d, kdim, vdim))
-    m.to(device=device, dtype=sd["out_proj.weight"].dtype)
-    m.load_state_dict(sd, strict=False)   # an extra buffer is the module's own business
-    m.eval()
-    return m
+    return inject(learner, construct(learner, cfg), sd, device=device, call=constructor(cfg),
+                  problem="The module lacks the parameters the grader injects weights into.",
+                  hint=" (k_proj = nn.Linear(kdim, d_model), v_proj = nn.Linear(vdim, d_model), with bias)",
+                  diagnose=lambda params: params_diagnosis(params, d, kdim, vdim))
 
 
 def forward(m, query, key, value, kpm=None, attn=None):

@@ -8,6 +8,7 @@ from graders.engine import expect
 from graders.engine.learner import describe_value
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_used, check_untampered
+from graders.engine.weights import normal
 from graders.engine.worker import _recorder
 
 # (B, H, Tq, Tk, head_dim, block_q, block_k): B != H != head_dim, several key blocks with a ragged
@@ -32,10 +33,6 @@ SKIP_CASES = [(2, 3, 64, 64, 12, 16, 16), (2, 3, 24, 40, 12, 8, 16)]
 FULL_SHAPE = (2, 3, 48, 80, 12, 16, 16)   # Tq != Tk, neither a multiple of the other's tiles' sizes
 CASE = "q: {dtype} ({B}, {H}, {Tq}, {hd}), k and v: ({B}, {H}, {Tk}, {hd}), standard normal"
 PRODUCTS = {"matmul", "__matmul__", "__rmatmul__", "bmm", "mm", "einsum", "linear", "baddbmm", "addmm"}
-
-
-def normal(rng, *shape, std=1.0):
-    return torch.from_numpy(rng.standard_normal(shape) * std)
 
 
 def inputs(rng, B, H, Tq, Tk, hd, dtype=torch.float64):

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from graders.engine import expect
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_used, check_untampered
+from graders.engine.weights import inject, listing, normal
 
 # (B, T, d_model, n_heads, n_kv_heads): groups of 3 over 2 KV heads and of 2 over 4, so tiling the
 # KV heads instead of interleaving them sends most query heads to the wrong KV head; head_dim (4, 5)
@@ -15,10 +16,6 @@ from graders.engine.structure import banned_used, check_untampered
 CONFIGS = [(2, 7, 24, 6, 2), (3, 6, 40, 8, 4)]
 CASE = "x: {dtype} ({B}, {T}, {d}), standard normal; n_heads={H}, n_kv_heads={Hkv}; weights injected (W ~ N(0, 1/{d}))"
 SDPA = "F.scaled_dot_product_attention(q, k, v, is_causal={causal}, enable_gqa=True) with the same weights"
-
-
-def normal(rng, *shape, std=1.0):
-    return torch.from_numpy(rng.standard_normal(shape) * std)
 
 
 def shapes(d, H, Hkv):
@@ -32,10 +29,6 @@ def weights(rng, d, H, Hkv):
     return {name: normal(rng, *shape, std=d ** -0.5) for name, shape in shapes(d, H, Hkv).items()}
 
 
-def listing(params) -> str:
-    return ", ".join(f"{name} {tuple(shape)}" for name, shape in params.items()) or "no parameters"
-
-
 def wrong_size(params, d, count=None):
     """kv-proj-wrong-size: K or V projected d -> d as in multi-head attention (all four
     projections square makes 4·d² parameters, whatever they are called)."""
@@ -46,19 +39,13 @@ def wrong_size(params, d, count=None):
 def build(learner, device, sd, H, Hkv):
     """The learner's module: constructed, its parameters checked, cast, moved, weights injected, eval."""
     d = sd["q_proj.weight"].shape[0]
-    m = learner.GroupedQueryAttention(d, H, Hkv)
-    params = {name: entry[0] for name, entry in learner.module_info(m)["parameters"].items()}
-    # shapes first: injecting into a wrong-sized projection would only fail with load_state_dict's error.
-    expect.that(params == shapes(d, H, Hkv), "The module's parameters are not the four bias-free projections "
-                "the grader injects its weights into.", call=f"GroupedQueryAttention({d}, {H}, {Hkv})",
-                got=listing(params),
-                expected=f"{listing(shapes(d, H, Hkv))}: head_dim = {d} // {H} = {d // H}, and K and V have only "
-                f"n_kv_heads * head_dim = {Hkv * (d // H)} outputs; bias=False",
-                diagnose=lambda: wrong_size(params, d))
-    m.to(device=device, dtype=sd["q_proj.weight"].dtype)
-    m.load_state_dict(sd, strict=False)   # a registered mask buffer is the module's own business
-    m.eval()
-    return m
+    return inject(learner, learner.GroupedQueryAttention(d, H, Hkv), sd, device=device, exact=True,
+                  call=f"GroupedQueryAttention({d}, {H}, {Hkv})",
+                  problem="The module's parameters are not the four bias-free projections the grader injects "
+                  "its weights into.",
+                  hint=f": head_dim = {d} // {H} = {d // H}, and K and V have only n_kv_heads * head_dim = "
+                  f"{Hkv * (d // H)} outputs; bias=False",
+                  diagnose=lambda params: wrong_size(params, d))
 
 
 @recorded

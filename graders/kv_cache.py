@@ -1,5 +1,4 @@
 """Grader of the kv-cache kata (katas/kv-cache/README.md)."""
-import re
 from math import prod
 
 import torch
@@ -7,9 +6,10 @@ import torch.nn.functional as F
 
 from graders.engine import expect
 from graders.engine.failures import CheckFailed, LearnerRaised
-from graders.engine.learner import Remote, describe_value
+from graders.engine.learner import describe_value
 from graders.engine.recording import NotRecorded, recorded
 from graders.engine.structure import banned_used, check_untampered
+from graders.engine.weights import inject, listing, normal
 
 # (B, d_model, n_heads, n_kv_heads): groups of 3 over 2 KV heads and of 2 over 4, so a cache that
 # holds the repeated heads (6 or 8) cannot pass for one that holds the KV heads (2 or 4), and
@@ -27,10 +27,6 @@ CASE = ("x: {dtype} ({B}, {T}, {d}), standard normal; n_heads={H}, n_kv_heads={H
 SDPA = "F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) on the whole sequence at once"
 
 
-def normal(rng, *shape, std=1.0):
-    return torch.from_numpy(rng.standard_normal(shape) * std)
-
-
 def shapes(d, H, Hkv):
     kv = Hkv * (d // H)
     return {"q_proj.weight": [d, d], "k_proj.weight": [kv, d], "v_proj.weight": [kv, d], "o_proj.weight": [d, d]}
@@ -40,10 +36,6 @@ def weights(rng, d, H, Hkv, dtype=torch.float64):
     """A state_dict to inject. W ~ N(0, 1/d) keeps q, k, v at unit variance, so correctly scaled
     scores stay near unit variance too and a key seen or hidden moves the softmax visibly."""
     return {name: normal(rng, *shape, std=d ** -0.5).to(dtype) for name, shape in shapes(d, H, Hkv).items()}
-
-
-def listing(params) -> str:
-    return ", ".join(f"{name} {tuple(shape)}" for name, shape in params.items()) or "no parameters"
 
 
 def case_text(x, H, Hkv, about=""):
@@ -59,40 +51,14 @@ def schedule_text(chunks) -> str:
 
 
 def build(learner, device, sd, H, Hkv):
-    """The learner's module: constructed, its parameters checked, cast, moved, weights injected, eval."""
+    """The learner's module: constructed, its parameters checked, cast, moved, weights injected, eval.
+    Parameters beside the injected ones cost only the parameter-count check."""
     d = sd["q_proj.weight"].shape[0]
-    m = learner.GroupedQueryAttention(d, H, Hkv)
-    params = {name: entry[0] for name, entry in learner.module_info(m)["parameters"].items()}
-    # shapes first: injecting into a wrong-sized projection would only fail with load_state_dict's
-    # error. Other parameters cost only the parameter-count check.
-    wrong = {k: params.get(k) for k, shape in shapes(d, H, Hkv).items() if params.get(k) != shape}
-    expect.that(not wrong, "The module lacks the projections the grader injects its weights into.",
-                call=f"GroupedQueryAttention({d}, {H}, {Hkv})",
-                got=", ".join(f"{k}: {'missing' if s is None else tuple(s)}" for k, s in wrong.items()),
-                expected=f"{listing(shapes(d, H, Hkv))}: head_dim = {d} // {H} = {d // H}, and K and V have only "
-                f"n_kv_heads * head_dim = {Hkv * (d // H)} outputs; bias=False")
-    m.to(device=device, dtype=sd["q_proj.weight"].dtype)
-    m.load_state_dict(sd, strict=False)   # a registered mask buffer is the module's own business
-    m.eval()
-    return m
-
-
-def length(learner, cache) -> int:
-    """len(cache), asked in the sandbox. The proxy reaches methods by name, so this calls the
-    cache's bound __len__; a failure is reported as the call a learner knows, len(cache)."""
-    method = learner.get(cache, "__len__")
-    expect.that(isinstance(method, Remote), "KVCache.__len__ must be a method: len(cache) calls it.",
-                call="len(cache)", got=f"KVCache.__len__ = {describe_value(method)}", expected="def __len__(self)")
-    label = method.type_name.rsplit(".", 1)[-1]   # the bound method's type, the proxy's label for it
-    try:
-        n = method()
-    except CheckFailed as exc:
-        exc.message = re.sub(rf"^{re.escape(label)}(\(\))?", "len(cache)", exc.message)
-        exc.call = "len(cache)"
-        raise
-    expect.that(type(n) is int, "len(cache) must be an int, the number of tokens cached.", call="len(cache)",
-                got=describe_value(n), expected="int")
-    return n
+    return inject(learner, learner.GroupedQueryAttention(d, H, Hkv), sd, device=device,
+                  call=f"GroupedQueryAttention({d}, {H}, {Hkv})",
+                  problem="The module lacks the projections the grader injects its weights into.",
+                  hint=f": head_dim = {d} // {H} = {d // H}, and K and V have only n_kv_heads * head_dim = "
+                  f"{Hkv * (d // H)} outputs; bias=False")
 
 
 def heads(t, n, hd):
@@ -199,7 +165,7 @@ def drive_cache(learner, bugs, device, ops, case):
             call = f"cache.reset(); len(cache)   (after {ops_text(done) or 'nothing'})"
             cache.reset()
             ks, vs = [], []
-            n = length(learner, cache)
+            n = expect.length(learner, cache, name="cache")
             trace.append(n)
             done.append(op)
             expect.that(n == 0, "After reset() the cache must be empty.", call=call, case=case,
@@ -221,7 +187,7 @@ def drive_cache(learner, bugs, device, ops, case):
             raise
         ks, vs = ks + [k], vs + [v]
         done.append(op)
-        n = length(learner, cache) if type(got) is tuple and len(got) == 2 else None
+        n = expect.length(learner, cache, name="cache") if type(got) is tuple and len(got) == 2 else None
         trace.append((got[0], got[1], n) if n is not None else got)
         expect.that(n is not None, "append(k, v) must return the pair (k_all, v_all): every cached key and value.",
                     call=call, case=case, got=describe_value(got),
@@ -392,7 +358,7 @@ def test_cache_holds_kv_heads(learner, bugs, kata, rng, device):
                                 f"start_pos={P}); then the grader appends one token of its own, (B, n_kv_heads, 1, "
                                 f"head_dim) = ({B}, {Hkv}, 1, {hd}), to read what the cache holds")
     decode(learner, m, cache, x, (P, 1), device=device, case=case)
-    n = length(learner, cache)
+    n = expect.length(learner, cache, name="cache")
     expect.that(n == P + 1, "After the module's forward the cache does not count the tokens it has seen: the "
                 "module must append each call's keys and values to the cache it is given.",
                 call="len(cache) after the two calls", case=case, got=f"len(cache) == {n}",
@@ -443,14 +409,14 @@ def test_rejects_mismatched_start_pos(learner, bugs, kata, rng, device):
     cache = learner.KVCache()
     case = case_text(x, H, Hkv, f"m(x[:, :{P}], cache=cache, start_pos=0) first: the cache holds {P} tokens")
     decode(learner, m, cache, x[:, :P], (P,), device=device, case=case)
-    n = length(learner, cache)
+    n = expect.length(learner, cache, name="cache")
     expect.that(n == P, f"After a prefill of {P} tokens the cache must hold {P}.", call="len(cache)", case=case,
                 got=f"len(cache) == {n}", expected=f"len(cache) == {P}")
     for start_pos, why in ((P + 2, f"The cache holds {P} tokens, so the next one is at position {P}, not {P + 2}"),
                            (P - 2, f"The cache holds {P} tokens, so the next one is at position {P}, not {P - 2} "
                                    "(tokens the cache holds already)")):
         rejected(m, x[:, P:], cache=cache, start_pos=start_pos, numbers=(start_pos, P), why=why, case=case)
-        n = length(learner, cache)
+        n = expect.length(learner, cache, name="cache")
         expect.that(n == P, "A rejected call changed the cache: check start_pos before appending anything.",
                     call=f"len(cache) after m(x, cache=cache, start_pos={start_pos}) raised", case=case,
                     got=f"len(cache) == {n}", expected=f"len(cache) == {P}, as before the call")

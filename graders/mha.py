@@ -8,15 +8,12 @@ from graders.engine import expect
 from graders.engine.learner import describe_value
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_used, check_untampered
+from graders.engine.weights import inject, normal
 
 # (B, T, d_model, n_heads): n_heads != head_dim != T, so mixing up heads, time and channels shows.
 CONFIGS = [(2, 7, 24, 4), (3, 5, 30, 2)]
 KEYS = ["qkv_proj.weight", "qkv_proj.bias", "out_proj.weight", "out_proj.bias"]
 CASE = "x: {dtype} ({B}, {T}, {d}), standard normal; n_heads={H}; weights injected (W ~ N(0, 1/{d}), b ~ N(0, 0.25))"
-
-
-def normal(rng, *shape, std=1.0):
-    return torch.from_numpy(rng.standard_normal(shape) * std)
 
 
 def weights(rng, d):
@@ -36,17 +33,10 @@ def build(learner, device, sd, n_heads, dropout=0.0):
     d = sd["out_proj.weight"].shape[0]
     m = learner.MultiHeadSelfAttention(d, n_heads) if dropout is None else \
         learner.MultiHeadSelfAttention(d, n_heads, dropout=dropout)
-    params = {name: entry[0] for name, entry in learner.module_info(m)["parameters"].items()}
-    wrong = {k: params.get(k) for k, shape in shapes(d).items() if params.get(k) != shape}
-    expect.that(not wrong, "The module lacks the parameters the grader injects weights into.",
-                call=f"MultiHeadSelfAttention({d}, {n_heads}" + ("" if dropout is None else f", dropout={dropout}") + ")",
-                got=", ".join(f"{k}: {'missing' if s is None else tuple(s)}" for k, s in wrong.items()),
-                expected=", ".join(f"{k}: {tuple(s)}" for k, s in shapes(d).items())
-                + " (self.qkv_proj = nn.Linear(d_model, 3 * d_model); self.out_proj = nn.Linear(d_model, d_model))")
-    m.to(device=device, dtype=sd["out_proj.weight"].dtype)
-    m.load_state_dict(sd, strict=False)   # extra buffers (a mask) cost only the state-dict check
-    m.eval()
-    return m
+    return inject(learner, m, sd, device=device,
+                  call=f"MultiHeadSelfAttention({d}, {n_heads}" + ("" if dropout is None else f", dropout={dropout}") + ")",
+                  problem="The module lacks the parameters the grader injects weights into.",
+                  hint=" (self.qkv_proj = nn.Linear(d_model, 3 * d_model); self.out_proj = nn.Linear(d_model, d_model))")
 
 
 @recorded

@@ -15,6 +15,7 @@ from graders.engine.failures import CheckFailed, LearnerRaised
 from graders.engine.learner import describe_value
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_used, check_untampered
+from graders.engine.weights import inject, normal
 
 # (B, T, C, H): H != head_dim in each. In the first, B, T, H, head_dim, B*H and C all differ, so the
 # op recorder tells a head axis from batch, time and channels.
@@ -61,10 +62,6 @@ def learner(learner, kata, device):
         yield extended
 
 
-def normal(rng, *shape, std=1.0):
-    return torch.from_numpy(rng.standard_normal(shape) * std)
-
-
 def weights(rng, C):
     """A state_dict to inject. W ~ N(0, 1/C) keeps q, k and v at unit variance, so correctly scaled
     scores stay near unit variance and a wrong scale, layout or mask moves the output visibly."""
@@ -82,17 +79,10 @@ def build(learner, device, sd, H):
     """The learner's copy of the given class: built, cast to the weights' dtype, moved, weights
     injected, eval mode."""
     C = sd["proj.weight"].shape[0]
-    m = learner.CausalSelfAttention(C, H, BLOCK)
-    params = {name: entry[0] for name, entry in learner.module_info(m)["parameters"].items()}
-    want = {k: list(v.shape) for k, v in sd.items()}
-    expect.that(params == want, "CausalSelfAttention does not hold the weights the grader injects: "
-                "do not modify the given CausalSelfAttention.", call=f"CausalSelfAttention({C}, {H}, {BLOCK})",
-                got=", ".join(f"{k} {tuple(s)}" for k, s in params.items()) or "no parameters",
-                expected=", ".join(f"{k} {tuple(s)}" for k, s in want.items()))
-    m.to(device=device, dtype=sd["proj.weight"].dtype)
-    m.load_state_dict(sd, strict=False)   # an extra buffer costs only the given-class check
-    m.eval()
-    return m
+    return inject(learner, learner.CausalSelfAttention(C, H, BLOCK), sd, device=device, exact=True,
+                  call=f"CausalSelfAttention({C}, {H}, {BLOCK})",
+                  problem="CausalSelfAttention does not hold the weights the grader injects: "
+                  "do not modify the given CausalSelfAttention.")
 
 
 def module(cls, sd, H):

@@ -8,6 +8,7 @@ from graders.engine import expect
 from graders.engine.learner import describe_value
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_used, check_untampered
+from graders.engine.weights import inject, listing, normal
 
 # rope_cache cases (T, head_dim, base): 4 to 32 pairs, so i/hd against 2i/hd and a missing 1/
 # show from pair 1 on; T != head_dim / 2. (1, 8) is position 0 alone, (4096, 64) phases up to 4095.
@@ -27,10 +28,6 @@ CASE = ("x: {dtype} ({B}, {T}, {d}), standard normal; n_heads={H}, head_dim={hd}
 KIT_PAIRS = "pair i is (x[2i], x[2i+1]), turned by positions[t]·θ_i, θ_i = base^(-2i/head_dim)"
 
 
-def normal(rng, *shape, std=1.0):
-    return torch.from_numpy(rng.standard_normal(shape) * std)
-
-
 def base_text(base) -> str:
     return "base 10000 (the default)" if base is None else f"base {base:g}"
 
@@ -43,10 +40,6 @@ def weights(rng, d):
     """A state_dict to inject. W ~ N(0, 1/d) keeps q, k, v at unit variance, so scores stay near
     unit variance too and every rotation bug moves the softmax visibly."""
     return {name: normal(rng, d, d, std=d ** -0.5) for name in KEYS}
-
-
-def listing(params) -> str:
-    return ", ".join(f"{name} {tuple(shape)}" for name, shape in params.items()) or "no parameters"
 
 
 def constructor(d, H, max_len=None, base=None) -> str:
@@ -62,20 +55,13 @@ def construct(learner, d, H, max_len=None, base=None):
 
 def build(learner, device, sd, H, *, max_len=None, base=None):
     """The learner's module: constructed, its parameters checked, cast to the weights' dtype,
-    moved, weights injected, eval mode."""
+    moved, weights injected, eval mode. A parameter beside the injected ones costs the parameters
+    check alone."""
     d = sd["q_proj.weight"].shape[0]
-    m = construct(learner, d, H, max_len, base)
-    params = {name: entry[0] for name, entry in learner.module_info(m)["parameters"].items()}
-    # Only the weights injected here: a parameter beside them costs the parameters check alone.
-    wrong = {k: params.get(k) for k, shape in shapes(d).items() if params.get(k) != shape}
-    expect.that(not wrong, "The module lacks the projections the grader injects its weights into.",
-                call=constructor(d, H, max_len, base),
-                got=", ".join(f"{k}: {'missing' if s is None else tuple(s)}" for k, s in wrong.items()),
-                expected=f"{listing(shapes(d))} (nn.Linear(d_model, d_model, bias=False) each)")
-    m.to(device=device, dtype=sd["q_proj.weight"].dtype)
-    m.load_state_dict(sd, strict=False)   # the cos/sin buffers are the module's own business
-    m.eval()
-    return m
+    return inject(learner, construct(learner, d, H, max_len, base), sd, device=device,
+                  call=constructor(d, H, max_len, base),
+                  problem="The module lacks the projections the grader injects its weights into.",
+                  hint=" (nn.Linear(d_model, d_model, bias=False) each)")
 
 
 @recorded

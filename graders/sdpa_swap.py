@@ -19,6 +19,7 @@ from graders.engine import expect
 from graders.engine.failures import LearnerRaised
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_in_ops, check_untampered
+from graders.engine.weights import inject, normal
 
 # n_embd, n_head, block_size: head_dim 12, so H != head_dim; T = 7 and 16 (< and = block_size).
 C, H, BS = 48, 4, 16
@@ -46,20 +47,12 @@ REPLAY_DTYPES = {f"torch.{name}": getattr(torch, name) for name in ("bfloat16", 
 REPLAY_NUMEL = 1 << 22
 
 
-def normal(rng, *shape, std=1.0):
-    return torch.from_numpy(rng.standard_normal(shape) * std)
-
-
 def weights(rng, n_embd, dtype=torch.float64):
     """A state_dict to inject. W ~ N(0, 1/n_embd) keeps q, k, v at unit variance, so correctly scaled
     scores stay near unit variance and a second scaling moves the softmax visibly."""
     std = n_embd ** -0.5
     return {"qkv.weight": normal(rng, 3 * n_embd, n_embd, std=std).to(dtype),
             "proj.weight": normal(rng, n_embd, n_embd, std=std).to(dtype)}
-
-
-def shapes(n_embd):
-    return {"qkv.weight": [3 * n_embd, n_embd], "proj.weight": [n_embd, n_embd]}
 
 
 def ctor(n_embd, n_head, block_size, dropout, flash):
@@ -82,16 +75,10 @@ def build(learner, device, sd, *, flash, dropout=0.0, n_head=H, block_size=BS):
     else:
         call = ctor(n_embd, n_head, block_size, dropout, flash)
         m = learner.CausalSelfAttention(n_embd, n_head, block_size, dropout=dropout, flash=flash)
-    params = {name: entry[0] for name, entry in learner.module_info(m)["parameters"].items()}
-    want = shapes(n_embd)
-    expect.that(params == want, "The module's parameters are not the ones the grader injects weights into.",
-                call=call, got=", ".join(f"{k}: {tuple(s)}" for k, s in params.items()) or "no parameters",
-                expected=", ".join(f"{k}: {tuple(s)}" for k, s in want.items())
-                + " (self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=False); self.proj = nn.Linear(n_embd, n_embd, bias=False))")
-    m.to(device=device, dtype=sd["proj.weight"].dtype)
-    m.load_state_dict(sd, strict=False)   # the mask buffer stays the learner's own
-    m.eval()
-    return m
+    return inject(learner, m, sd, device=device, exact=True, call=call,
+                  problem="The module's parameters are not the ones the grader injects weights into.",
+                  hint=" (self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=False); "
+                  "self.proj = nn.Linear(n_embd, n_embd, bias=False))")
 
 
 def forward(learner, m, x):

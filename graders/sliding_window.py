@@ -159,11 +159,6 @@ def windows_diagnosis(bugs, got, step, k, v, window, chunks, tol):
     return code
 
 
-def tokens_seen(learner, cache):
-    """len(cache), asked of the learner's object."""
-    return learner.get(cache, "__len__")()
-
-
 def check_windows(learner, bugs, kata, rng, device, window, chunks, k=None, v=None):
     """Every append of the learner's cache returns the keys and values its queries may see, oldest
     first, and len(cache) counts the tokens."""
@@ -184,8 +179,8 @@ def check_windows(learner, bugs, kata, rng, device, window, chunks, k=None, v=No
             expect.array(value, want, call=call, case=about, what=what, device=device, rtol=0.0, atol=0.0,
                          against=f"tokens {start}..{b - 1} of the stream",
                          diagnose=lambda: windows_diagnosis(bugs, got, step, k, v, window, chunks, tol))
-        seen = tokens_seen(learner, cache)
-        expect.that(type(seen) is int and seen == b, "len(cache) must count the tokens appended so far.",
+        seen = expect.length(learner, cache, name="cache")
+        expect.that(seen == b, "len(cache) must count the tokens appended so far.",
                     call="len(cache)", case=f"{case}; after the appends up to token {b - 1}",
                     got=describe_value(seen), expected=f"{b}")
 

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from graders.engine.lint import check_api, check_citations
+from graders.authoring.lint import check_api, check_citations
 from graders.engine.manifest import find, katas
 from graders.engine.oracles import Bugs, code_of
 from graders.engine.structure import TAMPERING, TAMPERING_PROBE

@@ -7,8 +7,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from graders.classroom.release import hidden_checks
 from graders.engine.manifest import find, katas
-from graders.engine.release import hidden_checks
 from graders.engine.runner import grade
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "graders/engine/result.schema.json").read_text())

@@ -10,13 +10,14 @@ import threading
 import time
 from pathlib import Path
 
-import cli
 import pytest
 from click.testing import CliRunner
 
-from conftest import KATA
+import cli
 from graders.engine import manifest
-from graders.engine.interview import CODING_POINTS, FOLLOWUP_POINTS, HINT_COST, plan
+from graders.practice.interview import CODING_POINTS, FOLLOWUP_POINTS, HINT_COST, plan
+
+from conftest import KATA
 
 REFERENCE = Path(__file__).resolve().parents[1] / "reference"
 

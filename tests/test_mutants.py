@@ -1,7 +1,7 @@
 """`kata lint --mutants`: the mutants a reference yields, and how graded mutants are classed."""
 import re
 
-from graders.engine import mutants
+from graders.authoring import mutants
 from graders.engine.manifest import find
 
 SOURCE = '''

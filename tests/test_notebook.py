@@ -8,7 +8,7 @@ import pytest
 from nbclient import NotebookClient
 
 from graders.engine.manifest import find
-from graders.engine.notebook import SOLUTION_TAG, solution_source
+from graders.practice.notebook import SOLUTION_TAG, solution_source
 
 
 def run_notebook(path):

@@ -11,10 +11,10 @@ import torch
 from click.testing import CliRunner
 
 import cli
-from graders.engine import plots
 from graders.engine.learner import Learner
 from graders.engine.manifest import ROOT, find, katas
 from graders.engine.sandbox import Sandbox, Zygote
+from graders.practice import plots
 
 PLOTS = [(k.slug, kind) for k in katas() for kind in k.plots]
 SMALL_T = 256   # the complexity plot's largest T in these tests: seconds, not tens of seconds

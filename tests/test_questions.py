@@ -5,14 +5,14 @@ import random
 import re
 from datetime import date, datetime, timedelta
 
-import cli
 import pytest
 from click.testing import CliRunner
 
+import cli
+from graders.authoring.lint import check_followups
 from graders.engine import manifest, questions
-from graders.engine.history import History, progress, suggestions
-from graders.engine.lint import check_followups
 from graders.engine.questions import QuestionError, evaluate, parse, parse_answer
+from graders.practice.history import History, progress, suggestions
 
 KATAS = [k.slug for k in manifest.katas()]
 
@@ -195,8 +195,8 @@ def _flash_score_tiles(flash_tiling, B, H, T, b, causal):
 
     import torch
 
-    from graders.flash_tiling import score_tiles
     from graders.engine.worker import _recorder
+    from graders.flash_tiling import score_tiles
 
     q, ops = torch.empty(B, H, T, 8, device="meta"), []
     with _recorder(ops):
@@ -221,8 +221,17 @@ def _agrees_with_the_reference():
     """Numeric questions whose answer a reference function computes too: (kata, id) -> params -> value."""
     import torch
 
-    from reference import (attention_backward, causal_mask, flash_tiling, flops_memory, kv_cache, rope,
-                           scaling_variance, sliding_window, split_heads)
+    from reference import (
+        attention_backward,
+        causal_mask,
+        flash_tiling,
+        flops_memory,
+        kv_cache,
+        rope,
+        scaling_variance,
+        sliding_window,
+        split_heads,
+    )
 
     fm = flops_memory
 

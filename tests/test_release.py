@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from graders.engine.interview import plan
+from graders.classroom.release import hidden_checks
+from graders.engine.bundle import HIDDEN_MESSAGE
 from graders.engine.manifest import ROOT, find, katas
 from graders.engine.oracles import Bugs
-from graders.engine.release import HIDDEN_MESSAGE, hidden_checks
 from graders.engine.runner import grade
 from graders.engine.sandbox import Zygote
+from graders.practice.interview import plan
+
 from tests.conftest import KATA
 
 BUNDLED = ["softmax", "mha"]

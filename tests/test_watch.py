@@ -15,7 +15,7 @@ from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
 from graders.engine.manifest import ROOT
-from graders.engine.watch import Watcher
+from graders.practice.watch import Watcher
 
 from conftest import KATA
 

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from .failures import CheckFailed, LearnerRaised
-from .learner import Foreign, describe_value
+from .learner import Foreign, Remote, describe_value
 from .recording import NotRecorded
 
 Diagnose = Callable[[], "str | None"] | None
@@ -25,6 +25,26 @@ NOTES: dict[str, str] = {}
 
 def note(code: str, sentence: str):
     NOTES.setdefault(code, sentence)
+
+
+def length(learner, obj, *, name: str) -> int:
+    """len(obj) of a sandbox object, which the learner knows as ``name``. The proxy reaches methods
+    by name and refuses dunder calls, so this calls the object's bound __len__; a failure reads
+    as the call the learner wrote, len(name), and the answer must be an int."""
+    call, cls = f"len({name})", obj.type_name.rsplit(".", 1)[-1]
+    method = learner.get(obj, "__len__")
+    that(isinstance(method, Remote), f"{cls}.__len__ must be a method: {call} calls it.", call=call,
+         got=f"{cls}.__len__ = {describe_value(method)}", expected="def __len__(self)")
+    label = method.type_name.rsplit(".", 1)[-1]   # the bound method's type, the proxy's label for it
+    try:
+        n = method()
+    except CheckFailed as exc:
+        exc.message = re.sub(rf"^{re.escape(label)}(\(\))?", call, exc.message)
+        exc.call = call
+        raise
+    that(type(n) is int, f"{call} must be an int, the number of tokens it holds.", call=call,
+         got=describe_value(n), expected="int")
+    return n
 
 
 def magnitude(*values) -> float:

@@ -1,4 +1,5 @@
-"""Interview follow-up questions: each kata's bank in its manifest, asked and graded here.
+"""Interview follow-up questions: each kata's bank in its manifest, parsed with it (a broken question
+fails when the manifest loads), and an answer judged here. The interview draws and asks them.
 
 Two kinds, as ``[[followups]]`` entries of ``kata.toml``::
 
@@ -256,23 +257,3 @@ def _combinations(params: dict) -> list[dict]:
         combos = [{**c, name: v} for c in combos for v in values]
     return combos
 
-
-def pick(banks: dict[str, tuple[Question, ...]], count: int, rng: random.Random) -> list[Asked]:
-    """``count`` questions drawn from the katas' banks (kata slug -> questions): spread over the
-    katas in turn, and at least one numeric and one choice question when the banks hold both."""
-    pools = {slug: rng.sample(list(bank), len(bank)) for slug, bank in banks.items() if bank}
-    chosen = []
-    while len(chosen) < count and any(pools.values()):
-        for slug in list(pools):
-            if pools[slug] and len(chosen) < count:
-                chosen.append((slug, pools[slug].pop()))
-    kinds = {q.kind for _, q in chosen}
-    for wanted in ("numeric", "choice"):
-        if wanted in kinds or len(chosen) < 2:
-            continue
-        spare = [(s, q) for s, pool in pools.items() for q in pool if q.kind == wanted]
-        if spare:
-            # Every question is of the other kind: swap the last one.
-            chosen[-1] = spare[0]
-            kinds = {q.kind for _, q in chosen}
-    return [q.draw(rng, slug) for slug, q in chosen]

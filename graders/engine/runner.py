@@ -13,7 +13,7 @@ import secrets
 import time
 from pathlib import Path
 
-from . import release
+from . import bundle
 from .manifest import ROOT, Kata
 from .recording import Book, Store
 from .sandbox import Sandbox, SandboxUnusable, Zygote
@@ -82,9 +82,9 @@ def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "aut
     """
     started = time.perf_counter()
     seed = new_seed() if seed is None else seed
-    bundle = release.recording(kata)
-    if bundle is not None:
-        info, store = bundle
+    recorded = bundle.recording(kata)
+    if recorded is not None:
+        info, store = recorded
         if seed != info["seed"]:
             raise RunnerError(f"This student bundle recorded the expected values of {kata.slug} at seed "
                               f"{info['seed']}: check with that seed (the default here).")
@@ -98,7 +98,7 @@ def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "aut
         reports = _run_pytest(kata, sandbox, seed=seed, device=device, hidden_seed=hidden_seed, book=book,
                               release=info, trace=trace)
     if info is not None:
-        reports.update({cid: release.hidden_report(cid, name) for cid, name in info["hidden"].items()})
+        reports.update({cid: bundle.hidden_report(cid, name) for cid, name in info["hidden"].items()})
     checks = [reports[cid] for cid in kata.checks]
     return {
         "kata": kata.slug,

@@ -2,9 +2,9 @@
 
 A bundle is an installable copy of the kit with no reference/ package, no bug oracles and no
 hidden checks. In their place, ``graders/recorded/`` holds, per kata, every oracle value its
-public checks ask for at one seed, recorded by grading the reference and each bug oracle here (so
-diagnoses still work there), plus the hidden checks' ids and names, which a bundle reports as
-skipped: they run when an instructor grades. ``bundle.json`` there marks a kit as a bundle.
+public checks ask for at one seed, recorded here by grading the reference and each bug oracle (so
+diagnoses still work there), plus the hidden checks' ids and names. How the judge grades inside a
+bundle is ``graders/engine/bundle.py``.
 """
 from __future__ import annotations
 
@@ -12,20 +12,16 @@ import json
 import os
 import shutil
 import tempfile
-from functools import cache
 from importlib import metadata
 from pathlib import Path
 
-from .manifest import ROOT, Kata
-from .plugin import check_entry, check_names, hidden_grader
-from .recording import Store
-
-RECORDED = ROOT / "graders" / "recorded"
-MARKER = RECORDED / "bundle.json"
-HIDDEN_MESSAGE = "hidden check: it runs, on fresh inputs, when your instructor grades"
-NO_REFERENCE = ("This is a student bundle: it does not include the reference solutions or the bug oracles, "
-                "so `kata {command}` cannot run here. Ask your instructor, or use the full kit.")
-
+from ..engine.bundle import NO_REFERENCE, bundle_info
+from ..engine.manifest import ROOT, Kata
+from ..engine.oracles import Bugs
+from ..engine.plugin import check_names, hidden_grader
+from ..engine.recording import Store
+from ..engine.runner import grade
+from ..engine.sandbox import Zygote
 
 DEFAULT_SEED = 0   # `kata release`'s seed when none is given
 
@@ -55,26 +51,6 @@ def remember_release(seed: int):
     path.write_text(json.dumps(sorted(released_seeds() | {seed})), encoding="utf-8")
 
 
-@cache
-def bundle_info() -> dict | None:
-    """The bundle's description ({"seed", "katas"}), or None in the full kit."""
-    return json.loads(MARKER.read_text(encoding="utf-8")) if MARKER.exists() else None
-
-
-def recording(kata: Kata) -> tuple[dict, Store] | None:
-    """(info, recorded values) of ``kata`` in a bundle; None in the full kit."""
-    return _recording(kata.module) if bundle_info() is not None else None
-
-
-@cache
-def _recording(module: str) -> tuple[dict, Store]:
-    return Store.load(RECORDED / f"{module}.json", RECORDED / f"{module}.npz")
-
-
-def hidden_report(check_id: str, name: str) -> dict:
-    return check_entry(check_id, name, status="skipped", points=0.0, message=HIDDEN_MESSAGE, visibility="hidden")
-
-
 def hidden_checks(kata: Kata) -> dict[str, str]:
     """{check id: name} of the kata's hidden checks."""
     path = hidden_grader(kata)
@@ -83,10 +59,6 @@ def hidden_checks(kata: Kata) -> dict[str, str]:
 
 def build(out: Path, katas: list[Kata], *, seed: int, progress=lambda text: None) -> None:
     """Write a bundle of ``katas`` to ``out`` (missing or empty), recorded at ``seed``."""
-    from .oracles import Bugs
-    from .runner import grade
-    from .sandbox import Zygote
-
     if out.exists() and any(out.iterdir()):
         raise ReleaseError(f"{out} is not empty: choose a new folder for the bundle.")
     if bundle_info() is not None:
@@ -136,7 +108,8 @@ def _copy_kit(out: Path, katas: list[Kata]):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, out / name)
     (out / "pyproject.toml").write_text(_bundle_pyproject(readme=(out / "README.md").exists()), encoding="utf-8")
-    shutil.copytree(ROOT / "graders" / "engine", out / "graders" / "engine", ignore=skip)
+    for package in kit_packages():
+        shutil.copytree(ROOT / "graders" / package, out / "graders" / package, ignore=skip)
     shutil.copy2(ROOT / "graders" / "__init__.py", out / "graders" / "__init__.py")
     (out / "katas").mkdir()
     if (ROOT / "katas" / "__init__.py").exists():
@@ -144,6 +117,11 @@ def _copy_kit(out: Path, katas: list[Kata]):
     for kata in katas:
         shutil.copy2(kata.grader_path, out / "graders" / kata.grader_path.name)
         shutil.copytree(kata.dir, out / "katas" / kata.dir.name, ignore=skip)
+
+
+def kit_packages() -> list[str]:
+    """The packages under graders/ (the judge and the features around it), not the kata graders."""
+    return sorted(p.parent.name for p in (ROOT / "graders").glob("*/__init__.py"))
 
 
 def _bundle_pyproject(*, readme: bool) -> str:
@@ -157,7 +135,8 @@ def _bundle_pyproject(*, readme: bool) -> str:
              'description = "Attention katas: a student bundle (public checks, recorded expected values)."',
              *(['readme = "README.md"'] if readme else []), f'requires-python = "{meta["Requires-Python"]}"',
              f'dependencies = {json.dumps(requires)}', '', '[project.scripts]', 'kata = "cli:main"', '',
-             '[tool.setuptools]', 'py-modules = ["cli"]', 'packages = ["graders", "graders.engine", "katas"]', '',
+             '[tool.setuptools]', 'py-modules = ["cli"]',
+             f'packages = {json.dumps(["graders", *(f"graders.{p}" for p in kit_packages()), "katas"])}', '',
              '[tool.setuptools.package-data]', 'katas = ["*/kata.toml", "*/README.md", "*/stub.py"]',
              '"graders.engine" = ["result.schema.json"]', 'graders = ["recorded/*.json", "recorded/*.npz"]']
     return "\n".join(lines) + "\n"

@@ -24,8 +24,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .manifest import ROOT, Kata
-from .plugin import check_entry, check_names, grader_files
+from ..engine.manifest import ROOT, Kata
+from ..engine.plugin import check_entry, check_names, grader_files
 
 RECORDS = Path(".kata") / "records"
 HIDDEN_OUTPUT = "Hidden check failed."
@@ -137,9 +137,9 @@ def _init_process():
 
 
 def _grade_in_process(slug: str, file: str, seed: int, device: str, isolated: bool) -> dict:
-    from . import manifest
-    from .runner import RunnerError, grade
-    from .sandbox import Zygote
+    from ..engine import manifest
+    from ..engine.runner import RunnerError, grade
+    from ..engine.sandbox import Zygote
 
     kata = manifest.find(slug)
     if kata.framework not in _zygotes:
@@ -269,7 +269,7 @@ class Grading:
                 for name in self.learners}
 
     def all_katas(self) -> list[Kata]:
-        from . import manifest
+        from ..engine import manifest
 
         recorded = {p.stem for p in (self.out / RECORDS).glob("*/*.json")}
         wanted = {k.slug for k in self.katas}

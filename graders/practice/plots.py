@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .failures import CheckFailed
-from .learner import Learner, call_text, describe_value
-from .manifest import Kata
-from .runner import resolve_device, sandbox_for
+from ..engine.failures import CheckFailed
+from ..engine.learner import Learner, call_text, describe_value
+from ..engine.manifest import Kata
+from ..engine.runner import resolve_device, sandbox_for
+from ..engine.weights import inject, normal
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DPI = 150
@@ -215,13 +216,30 @@ def causal_heatmaps_data(learner: Learner, *, seed: int, device: str, **_) -> di
             "title": "causal-mask, from your masked_attention: each query (row) attends to itself and earlier keys only"}
 
 
+def mha_layout(C: int) -> dict:
+    """The mha kata's parameters (KATAS.md): one fused QKV projection and the output's, with bias."""
+    return {"qkv_proj.weight": (3 * C, C), "qkv_proj.bias": (3 * C,), "out_proj.weight": (C, C), "out_proj.bias": (C,)}
+
+
+def state_dict(rng, layout: dict) -> dict:
+    """float32 weights of ``layout`` to inject: W ~ N(0, 1/fan_in) keeps q, k and v at unit
+    variance whatever the widths, so what each head attends to is the code's doing, not the scale's."""
+    return {name: normal(rng, *shape, std=shape[1] ** -0.5 if len(shape) == 2 else 0.5).float()
+            for name, shape in layout.items()}
+
+
+def mha_module(learner: Learner, device: str, sd: dict, H: int):
+    C = sd["out_proj.weight"].shape[0]
+    return inject(learner, learner.MultiHeadSelfAttention(C, H), sd, device=device,
+                  call=f"MultiHeadSelfAttention({C}, {H})",
+                  problem="The module lacks the parameters the plot injects its weights into.",
+                  hint=" (self.qkv_proj = nn.Linear(d_model, 3 * d_model); self.out_proj = nn.Linear(d_model, d_model))")
+
+
 def mha_heatmaps_data(learner: Learner, *, seed: int, device: str, **_) -> dict:
     """The per-head weights of the learner's MultiHeadSelfAttention (weights injected, causal)."""
-    from graders import mha
-
     T, C, H = len(SENTENCE), 16, 4
-    sd = {name: w.float() for name, w in mha.weights(np.random.default_rng(seed + 1), C).items()}
-    module = mha.build(learner, device, sd, H)
+    module = mha_module(learner, device, state_dict(np.random.default_rng(seed + 1), mha_layout(C)), H)
     call = f"MultiHeadSelfAttention({C}, {H})(x, causal=True) with x float32[1, {T}, {C}], weights injected"
     out, weights = _pair(module(embeddings(seed, C)[None], causal=True), call=call)
     _tensor(out, (1, T, C), call=call, what="The output")
@@ -241,16 +259,18 @@ def cross_heatmaps_data(learner: Learner, *, seed: int, device: str, **_) -> dic
     attend to a padded source, under the source's padding mask only."""
     import torch
 
-    from graders import cross_attention
-
     C, H, kdim, vdim = 24, 3, 12, 10
     keys = SOURCE + ["<pad>"] * SOURCE_PADDING
     Tq, Tk = len(TARGET), len(keys)
     rng = np.random.default_rng(seed + 1)
-    cfg = (1, Tq, Tk, C, H, kdim, vdim)
-    sd = cross_attention.weights(rng, C, kdim, vdim, dtype=torch.float32)
-    module = cross_attention.build(learner, device, sd, cfg)
-    query, key, value = cross_attention.inputs(rng, 1, Tq, Tk, C, kdim, vdim, dtype=torch.float32)
+    layout = {"q_proj.weight": (C, C), "q_proj.bias": (C,), "k_proj.weight": (C, kdim), "k_proj.bias": (C,),
+              "v_proj.weight": (C, vdim), "v_proj.bias": (C,), "out_proj.weight": (C, C), "out_proj.bias": (C,)}
+    module = inject(learner, learner.MultiHeadAttention(C, H, kdim=kdim, vdim=vdim), state_dict(rng, layout),
+                    device=device, call=f"MultiHeadAttention({C}, {H}, kdim={kdim}, vdim={vdim})",
+                    problem="The module lacks the parameters the plot injects its weights into.",
+                    hint=" (k_proj = nn.Linear(kdim, d_model), v_proj = nn.Linear(vdim, d_model), with bias)")
+    query, key, value = (normal(rng, 1, T, width).float()   # (1, T, width)
+                         for T, width in ((Tq, C), (Tk, kdim), (Tk, vdim)))
     padding = torch.arange(Tk)[None] < len(SOURCE)   # (1, Tk): True = a real source token
     call = (f"MultiHeadAttention({C}, {H}, kdim={kdim}, vdim={vdim})(query, key, value, key_padding_mask) "
             f"with query float32[1, {Tq}, {C}], key float32[1, {Tk}, {kdim}], value float32[1, {Tk}, {vdim}], "
@@ -298,12 +318,10 @@ def complexity_data(learner: Learner, *, seed: int, device: str, max_t: int = MA
     the kit's SDPA attention on the same weights, both measured in the same sandbox process."""
     import torch
 
-    from graders import mha
-
     C, H = COMPLEXITY_D_MODEL, COMPLEXITY_HEADS
     rng = np.random.default_rng(seed)
-    sd = {name: w.float() for name, w in mha.weights(rng, C).items()}
-    module = mha.build(learner, device, sd, H)
+    sd = state_dict(rng, mha_layout(C))
+    module = mha_module(learner, device, sd, H)
     sdpa = learner.kit_function("sdpa_self_attention")
     weights = [sd[k] for k in ("qkv_proj.weight", "qkv_proj.bias", "out_proj.weight", "out_proj.bias")]
 

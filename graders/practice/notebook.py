@@ -12,7 +12,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from .manifest import Kata
+from ..engine.manifest import Kata
 
 SOLUTION_TAG = "kata-solution"
 
@@ -45,7 +45,7 @@ def notebook(kata: Kata) -> dict:
         cell("code", f"{kata.slug}-1", marker(kata) + "\n" + kata.stub_path.read_text(encoding="utf-8").rstrip("\n"),
              {"tags": [SOLUTION_TAG]}),
         cell("markdown", f"{kata.slug}-2", check),
-        cell("code", f"{kata.slug}-3", f"from graders.engine.notebook import check\ncheck({kata.slug!r})")])
+        cell("code", f"{kata.slug}-3", f"from graders.practice.notebook import check\ncheck({kata.slug!r})")])
 
 
 def _text(source) -> str:
@@ -80,7 +80,7 @@ def _plain_python(source: str) -> str:
 
 def grade_notebook(kata: Kata, path: Path, **options) -> dict:
     """Grade the solution cells of the notebook at ``path`` like a learner file."""
-    from .runner import grade
+    from ..engine.runner import grade
 
     source = solution_source(path)
     with tempfile.TemporaryDirectory(prefix="kata-notebook-") as tmp:
@@ -97,8 +97,8 @@ def _grade_last_run(kata: Kata, seed: int | None) -> dict | None:
     """Grade the code the kernel last ran in ``kata``'s solution cell (None: it never ran)."""
     from IPython import get_ipython
 
-    from .release import bundle_info
-    from .runner import grade
+    from ..engine.bundle import bundle_info
+    from ..engine.runner import grade
 
     ran = [cell for cell in get_ipython().user_ns.get("In", []) if cell.lstrip().startswith(marker(kata))]
     if not ran:
@@ -118,8 +118,8 @@ def _grade_last_run(kata: Kata, seed: int | None) -> dict | None:
 def check(slug: str, *, seed: int | None = None):
     """The check cell: grade the code the kernel last ran in this kata's solution cell, in the
     kit's sandbox, and print the report."""
-    from . import manifest
-    from .report import render
+    from ..engine import manifest
+    from ..engine.report import render
 
     kata = manifest.find(slug)
     result = _grade_last_run(kata, seed)
@@ -129,8 +129,8 @@ def check(slug: str, *, seed: int | None = None):
 
 def check_cell(slug: str, check_id: str, *, seed: int | None = None):
     """An nbgrader test cell: print one check's report; fail (AssertionError) if it did not pass."""
-    from . import manifest
-    from .report import check_lines
+    from ..engine import manifest
+    from ..engine.report import check_lines
 
     kata = manifest.find(slug)
     result = _grade_last_run(kata, seed)

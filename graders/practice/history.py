@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from pathlib import Path
 
-from .manifest import Kata
+from ..engine.manifest import Kata
 
 MAX_INTERVAL_DAYS = 60
 

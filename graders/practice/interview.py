@@ -22,11 +22,11 @@ from pathlib import Path
 
 import click
 
-from . import release
-from .manifest import Kata
-from .questions import Asked, letter, pick
-from .report import render
-from .runner import RunnerError, grade
+from ..engine.bundle import bundle_info
+from ..engine.manifest import Kata
+from ..engine.questions import Asked, Question, letter
+from ..engine.report import render
+from ..engine.runner import RunnerError, grade
 from .workspace import Workspace
 
 CODING_POINTS, FOLLOWUP_POINTS, HINT_COST = 60, 40, 5
@@ -41,6 +41,27 @@ class Plan:
     katas: tuple[Kata, ...]
     questions: tuple[Asked, ...]
     replay: str     # the command that draws this plan again
+
+
+def pick(banks: dict[str, tuple[Question, ...]], count: int, rng: random.Random) -> list[Asked]:
+    """``count`` questions drawn from the katas' banks (kata slug -> questions): spread over the
+    katas in turn, and at least one numeric and one choice question when the banks hold both."""
+    pools = {slug: rng.sample(list(bank), len(bank)) for slug, bank in banks.items() if bank}
+    chosen = []
+    while len(chosen) < count and any(pools.values()):
+        for slug in list(pools):
+            if pools[slug] and len(chosen) < count:
+                chosen.append((slug, pools[slug].pop()))
+    kinds = {q.kind for _, q in chosen}
+    for wanted in ("numeric", "choice"):
+        if wanted in kinds or len(chosen) < 2:
+            continue
+        spare = [(s, q) for s, pool in pools.items() for q in pool if q.kind == wanted]
+        if spare:
+            # Every question is of the other kind: swap the last one.
+            chosen[-1] = spare[0]
+            kinds = {q.kind for _, q in chosen}
+    return [q.draw(rng, slug) for slug, q in chosen]
 
 
 def plan(all_katas: tuple[Kata, ...], *, seed: int, minutes: float | None = None,
@@ -79,7 +100,7 @@ def _clock(seconds: float) -> str:
 class Interview:
     def __init__(self, ws: Workspace, plan: Plan, *, device: str = "auto"):
         self.ws, self.plan, self.device = ws, plan, device
-        bundle = release.bundle_info()
+        bundle = bundle_info()
         # A student bundle recorded its expected values at one seed: its checks run at that one.
         self.check_seed = bundle["seed"] if bundle else plan.seed
         self.folder = self._new_folder()

@@ -23,10 +23,10 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from ..engine.manifest import Kata
+from ..engine.plugin import check_names, hidden_grader
+from ..practice.notebook import cell, document, marker, solution_source
 from .batch import learners
-from .manifest import Kata
-from .notebook import cell, document, marker, solution_source
-from .plugin import check_names, hidden_grader
 
 CONFIG = '''c = get_config()  # noqa: F821  (nbgrader's config file)
 c.CourseDirectory.course_id = {course!r}
@@ -96,7 +96,7 @@ def course_notebook(kata: Kata) -> dict:
                   _nbgrader(f"{kata.slug}-solution", solution=True))]
     for cid, points in kata.checks.items():
         call = (f"# {names.get(cid, cid)} ({points:g} point(s)): graded by the kit, in its sandbox.\n"
-                f"from graders.engine.notebook import check_cell\ncheck_cell({kata.slug!r}, {cid!r})")
+                f"from graders.practice.notebook import check_cell\ncheck_cell({kata.slug!r}, {cid!r})")
         source = f"### BEGIN HIDDEN TESTS\n{call}\n### END HIDDEN TESTS" if cid in hidden else call
         cells.append(cell("code", f"{kata.slug}-{cid}", source,
                           _nbgrader(f"{kata.slug}-{cid}", grade=True, locked=True, points=points)))

@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..engine.manifest import Kata
 from .history import History
-from .manifest import Kata
 
 STATE_FORMAT = 1
 

@@ -23,7 +23,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from .manifest import ROOT, Kata
+from ..engine.manifest import ROOT, Kata
 
 SETUP_SH = r"""#!/usr/bin/env bash
 # Run once by Gradescope, as root, while it builds the grading image: a Python >= 3.11 with venv,

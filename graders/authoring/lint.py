@@ -16,11 +16,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .manifest import Kata
-from .oracles import Bugs, code_of
-from .plots import PLOTS
-from .runner import grade
-from .structure import TAMPERING, TAMPERING_PROBE
+from ..engine.manifest import Kata
+from ..engine.oracles import Bugs, code_of
+from ..engine.runner import grade
+from ..engine.structure import TAMPERING, TAMPERING_PROBE
+from ..practice.plots import PLOTS
 
 
 @dataclass
@@ -122,7 +122,7 @@ def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Findin
     if kata.plots:
         missing = [kind for kind in kata.plots if (kata.slug, kind) not in PLOTS]
         add(not missing, f"plots {', '.join(kata.plots)} can be drawn" if not missing else
-            f"plots without a drawing in graders/engine/plots.py: {', '.join(missing)}")
+            f"plots without a drawing in graders/practice/plots.py: {', '.join(missing)}")
 
     bugs = Bugs(kata)
     # tampering is found in the source by the trusted scan, whatever the code computes: no bug

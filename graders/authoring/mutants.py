@@ -22,9 +22,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .manifest import Kata
-from .runner import grade
-from .sandbox import Zygote
+from ..engine.manifest import Kata
+from ..engine.runner import grade
+from ..engine.sandbox import Zygote
 
 GOAL = 0.95   # the share of non-equivalent mutants every kata's grader must kill
 
