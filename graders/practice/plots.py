@@ -130,6 +130,16 @@ def _pair(value, *, call: str):
 
 # --- inputs drawn in the kit's process ----------------------------------------------------------
 
+def _finish(figure, curve, title: str):
+    """A heatmap-and-curve figure's last touches: the curve's grid, legend and title size, the
+    figure's title."""
+    curve.grid(True, alpha=0.3)
+    curve.title.set_fontsize(10)
+    curve.legend(fontsize=8)
+    figure.suptitle(title)
+    return figure
+
+
 def embeddings(seed: int, d_model: int):
     """(T, d_model) float32: one standard normal vector per distinct word of SENTENCE, so a word
     that appears twice ("the") is the same input both times."""
@@ -414,12 +424,8 @@ def draw_encodings(data: dict):
     curve.axhline(data["d"] / 2, color="black", linestyle=":", linewidth=1, label=f"d/2 = {data['d'] // 2}: k = 0")
     curve.set(xlabel="offset k", ylabel="PE[p] · PE[p + k]",
               title="PE[p] · PE[p + k]: a line, not a band, if p does not matter")
-    curve.grid(True, alpha=0.3)
-    curve.title.set_fontsize(10)
-    curve.legend(fontsize=8)
-    figure.suptitle("positional-encoding, from your sinusoidal: slow pairs to the right, "
-                    "and a dot product that only the distance decides")
-    return figure
+    return _finish(figure, curve, "positional-encoding, from your sinusoidal: slow pairs to the right, "
+                   "and a dot product that only the distance decides")
 
 
 # --- flash-tiling: memory -----------------------------------------------------------------------
@@ -563,12 +569,8 @@ def draw_band(data: dict):
     curve.axhline(W, color="tab:red", linestyle=":", linewidth=1, label="one layer's window")
     curve.set(xlabel="layers L", ylabel="input positions reached",
               title=f"Receptive field of the last of {data['reach_T']} tokens")
-    curve.title.set_fontsize(10)
-    curve.grid(True, alpha=0.3)
-    curve.legend(fontsize=8)
-    figure.suptitle(f"sliding-window, from your sliding_window_mask (True = may attend, dark): a band of {W} keys "
-                    f"per query, whose reach grows by W - 1 = {W - 1} with every layer")
-    return figure
+    return _finish(figure, curve, f"sliding-window, from your sliding_window_mask (True = may attend, dark): a band "
+                   f"of {W} keys per query, whose reach grows by W - 1 = {W - 1} with every layer")
 
 
 # --- rope: rotation -----------------------------------------------------------------------------
@@ -617,12 +619,8 @@ def draw_rotation(data: dict):
     for n, dots, style in zip(data["starts"], data["dots"], ["-", "--", ":"]):
         curve.plot(r, dots, linestyle=style, linewidth=2, label=f"key at n = {n}, query at n + (m − n)")
     curve.set(xlabel="offset m − n", ylabel="(R_m q) · (R_n k)", title="q·k after apply_rope: one curve if only m − n matters")
-    curve.grid(True, alpha=0.3)
-    curve.title.set_fontsize(10)
-    curve.legend(fontsize=8)
-    figure.suptitle("rope, from your rope_cache and apply_rope: slow pairs to the right, "
-                    "and a score that only the distance decides")
-    return figure
+    return _finish(figure, curve, "rope, from your rope_cache and apply_rope: slow pairs to the right, "
+                   "and a score that only the distance decides")
 
 
 # (kata slug, plot kind) -> (data function, draw function); manifests say which a kata has.
