@@ -1,6 +1,6 @@
 """The packages' layers (README, "Architecture"): the judge imports nothing built around it, a
-feature imports only the layers below its own, nothing imports a kata's grader, and no import
-cycle, counting the imports made inside functions."""
+feature imports only the layers below its own, no import statement names a kata's grader or the
+reference, and no import cycle, counting the imports made inside functions."""
 import ast
 import importlib
 
@@ -36,8 +36,11 @@ def imported(name: str, path) -> set[str]:
 
 
 def layer_of(name: str) -> str | None:
-    """The layer a module of the kit belongs to; "grader" for a kata's grader, None outside graders."""
+    """The layer a module of the kit belongs to; "grader" for a kata's grader, "reference" for the
+    answers, None for anything else."""
     parts = name.split(".")
+    if parts[0] == "reference":
+        return "reference"
     if parts[0] != "graders" or len(parts) == 1:
         return None
     return parts[1] if parts[1] in LAYERS else "grader"
@@ -53,6 +56,9 @@ def problems(graph: dict[str, set[str]]) -> list[str]:
             if to == "grader":
                 found.append(f"{name} imports the kata grader {target}: plots and features get a kata's "
                              "data from its manifest or the engine, never from its grader")
+            elif to == "reference":
+                found.append(f"{name} imports {target}: only the oracles reach the reference, at run time, "
+                             "for the kata the manifest names")
             elif layer in LAYERS and to in LAYERS and LAYERS.index(to) > LAYERS.index(layer):
                 found.append(f"{name} ({layer}) imports {target} ({to}), a layer above its own")
     edges = {name: {t for t in targets if t in graph} for name, targets in graph.items()}
@@ -119,6 +125,8 @@ def test_the_kit_keeps_its_layers_and_has_no_import_cycle():
      "graders.practice.watch (practice) imports graders.classroom.batch (classroom), a layer above its own"),
     ({"graders.practice.plots": {"graders.mha", "graders"}},
      "graders.practice.plots imports the kata grader graders.mha"),
+    ({"graders.practice.interview": {"reference.softmax"}},
+     "graders.practice.interview imports reference.softmax"),
     ({"graders.classroom.a": {"graders.classroom.b"}, "graders.classroom.b": {"graders.classroom.c"},
       "graders.classroom.c": {"graders.classroom.a"}},
      "import cycle: graders.classroom.a -> graders.classroom.b -> graders.classroom.c -> graders.classroom.a"),
