@@ -9,7 +9,6 @@ from graders.engine.structure import banned_used, check_untampered
 B, H, D, DV = 2, 3, 4, 10   # H != head_dim, and v's width differs from q/k's and from every T used
 
 
-
 def randn(rng, *shape, dtype=torch.float64):
     return torch.from_numpy(rng.standard_normal(shape)).to(dtype)
 

@@ -10,14 +10,13 @@ import threading
 import time
 from pathlib import Path
 
+import cli
 import pytest
 from click.testing import CliRunner
 
-import cli
+from conftest import KATA
 from graders.engine import manifest
 from graders.practice.interview import CODING_POINTS, FOLLOWUP_POINTS, HINT_COST, plan
-
-from conftest import KATA
 
 REFERENCE = Path(__file__).resolve().parents[1] / "reference"
 

@@ -221,17 +221,8 @@ def _agrees_with_the_reference():
     """Numeric questions whose answer a reference function computes too: (kata, id) -> params -> value."""
     import torch
 
-    from reference import (
-        attention_backward,
-        causal_mask,
-        flash_tiling,
-        flops_memory,
-        kv_cache,
-        rope,
-        scaling_variance,
-        sliding_window,
-        split_heads,
-    )
+    from reference import (attention_backward, causal_mask, flash_tiling, flops_memory, kv_cache, rope,
+                           scaling_variance, sliding_window, split_heads)
 
     fm = flops_memory
 

@@ -20,7 +20,6 @@ from graders.engine.oracles import Bugs
 from graders.engine.runner import grade
 from graders.engine.sandbox import Zygote
 from graders.practice.interview import plan
-
 from tests.conftest import KATA
 
 BUNDLED = ["softmax", "mha"]

@@ -30,10 +30,10 @@ def inject(learner, m, sd, *, device, call, problem, hint="", exact=False, diagn
     parameters ({name: shape}), or None."""
     params = {name: entry[0] for name, entry in learner.module_info(m)["parameters"].items()}
     want = {name: list(w.shape) for name, w in sd.items()}
-    wrong = {name: params.get(name) for name, shape in want.items() if params.get(name) != shape}
     if exact:
         fits, got = params == want, listing(params)
     else:
+        wrong = {name: params.get(name) for name, shape in want.items() if params.get(name) != shape}
         fits, got = not wrong, ", ".join(f"{name}: {'missing' if shape is None else tuple(shape)}"
                                          for name, shape in wrong.items())
     expect.that(fits, problem, call=call, got=got, expected=listing(want) + hint,
