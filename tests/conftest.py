@@ -1,7 +1,11 @@
 import dataclasses
+import fcntl
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,12 +13,135 @@ import pytest
 from graders.engine import bwrap
 from graders.engine.manifest import find
 from graders.engine.runner import grade
+from graders.engine.sandbox import Zygote
 
 KATA = Path(sys.executable).with_name("kata")   # the installed console script
 # Grading a class, and the containment tests, need bubblewrap: .ci/run installs it.
 needs_bwrap = pytest.mark.skipif(bwrap.problem() is not None,
                                  reason=f"{bwrap.problem()}: grading runs only in its sandbox")
 
+
+# --- the quick tier: `python -m pytest --kata mha` ------------------------------------------------
+
+def pytest_addoption(parser):
+    parser.addoption("--kata", metavar="SLUG", help="only KATA's own tests: its grader's (tests/test_kata_<module>.py), "
+                     "its content (reference, stub, bug oracles) and its style zoo")
+
+
+def _quick_tier(config):
+    """The kata of --kata, or None."""
+    slug = config.getoption("kata")
+    if slug is None:
+        return None
+    try:
+        return find(slug)
+    except LookupError as exc:
+        raise pytest.UsageError(f"--kata: {exc}") from None
+
+
+def pytest_ignore_collect(collection_path, config):
+    kata = _quick_tier(config)
+    if kata is not None and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return collection_path.name not in ("test_content.py", "test_zoo.py", f"test_kata_{kata.module}.py")
+    return None
+
+
+def _about(item, kata) -> bool:
+    """Whether a content or zoo test is about ``kata``: a parameter names it (a slug, or a zoo file)."""
+    params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+    return any(v == kata.slug or (isinstance(v, Path) and v.parent.name == kata.slug) for v in params)
+
+
+def pytest_collection_modifyitems(config, items):
+    kata = _quick_tier(config)
+    if kata is not None:
+        mine = {i for i in items if i.path.name.startswith("test_kata_") or _about(i, kata)}
+        config.hook.pytest_deselected(items=[i for i in items if i not in mine])
+        items[:] = [i for i in items if i in mine]
+    _write_groups(config, items)
+
+
+# --- several workers (pytest-xdist's `-n auto`, in pyproject.toml's addopts) ------------------------
+
+LOCKS = pytest.StashKey[Path]()
+
+
+def pytest_configure(config):
+    _quick_tier(config)   # an unknown --kata stops the run here, with one line
+    if hasattr(config, "workerinput"):
+        # The workers share the cores: torch's threads, one per core in every worker, would spin
+        # against each other (twice as slow as one process). One each, and for the `kata` commands
+        # a worker starts, as `kata grade` keeps its grading processes.
+        os.environ["OMP_NUM_THREADS"] = "1"
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(1)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """The controller makes one folder for its workers: their locks and their groups."""
+    if LOCKS not in node.config.stash:
+        node.config.stash[LOCKS] = Path(tempfile.mkdtemp(prefix="kata-tests-"))
+    node.workerinput["kata_locks"] = str(node.config.stash[LOCKS])
+
+
+def pytest_unconfigure(config):
+    if LOCKS in config.stash:
+        shutil.rmtree(config.stash[LOCKS], ignore_errors=True)
+
+
+def _write_groups(config, items):
+    """Each worker writes down the tests that an ``xdist_group`` mark keeps together (a module's
+    costly set-up, done once), for the controller's scheduler. pytest-xdist itself appends the
+    group to each test's id, which pytest 9.2's structured ids ignore (pytest-xdist issue #1386)."""
+    folder = getattr(config, "workerinput", {}).get("kata_locks")
+    if folder is None:
+        return
+    groups = {item.nodeid: mark.args[0] for item in items for mark in item.iter_markers("xdist_group")}
+    written = Path(folder) / f"groups-{config.workerinput['workerid']}.json"
+    written.with_suffix(".tmp").write_text(json.dumps(groups))
+    written.with_suffix(".tmp").replace(written)   # whole or not at all: the controller reads it next
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup" or LOCKS not in config.stash:
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class Grouped(LoadGroupScheduling):
+        """loadgroup, with the groups the workers wrote down."""
+
+        def _split_scope(self, nodeid):
+            if not hasattr(self, "groups"):   # first asked once every worker has collected
+                self.groups = {}
+                for written in config.stash[LOCKS].glob("groups-*.json"):
+                    self.groups.update(json.loads(written.read_text()))
+            return self.groups.get(nodeid) or super()._split_scope(nodeid)
+
+    return Grouped(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test marked ``serial`` runs with the machine to itself: the other workers finish the test
+    they are in, then wait until it is done (its set-up and teardown included). Every test lines
+    up at the gate; a serial test keeps it shut until it is done, so that the others cannot keep it
+    waiting forever."""
+    folder = getattr(item.config, "workerinput", {}).get("kata_locks")
+    if folder is None:   # one process: nothing runs beside the test anyway
+        return (yield)
+    serial = item.get_closest_marker("serial") is not None
+    # POSIX record locks belong to this process: a child it forks holds neither.
+    with open(Path(folder) / "gate", "a+") as gate, open(Path(folder) / "machine", "a+") as machine:
+        fcntl.lockf(gate, fcntl.LOCK_EX)
+        fcntl.lockf(machine, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+        if not serial:
+            fcntl.lockf(gate, fcntl.LOCK_UN)
+        return (yield)   # closing the files lets go of both
+
+
+# --- fixtures ------------------------------------------------------------------------------------
 
 @pytest.fixture(autouse=True, scope="session")
 def private_state(tmp_path_factory):
@@ -23,17 +150,36 @@ def private_state(tmp_path_factory):
     os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
 
 
+@pytest.fixture(scope="session")
+def zygotes():
+    """``zygotes(framework)``: the warm zygote that every test grading through the engine shares,
+    one per framework as `kata grade` keeps them, so that a sandbox costs a fork rather than an
+    interpreter start and an ``import torch``. The sandboxes are as real as a class's: bwrap where
+    it can be had, a fresh worker per learner file. Tests about a zygote's own start make their own."""
+    made = {}
+
+    def get(framework):
+        if framework not in made:
+            made[framework] = Zygote([framework], isolated=None, warm=True)
+        return made[framework]
+
+    yield get
+    for zygote in made.values():
+        zygote.close()
+
+
 @pytest.fixture
-def grade_source(tmp_path):
+def grade_source(tmp_path, zygotes):
     """Grade a learner file written from ``source``; ``limits`` override the manifest's
-    timeouts (tests of endless loops should not wait 10 s a check). Returns (result, path)."""
+    timeouts (tests of endless loops should not wait 10 s a check). Returns the result."""
 
     def run(slug, source, *, seed=1, file_name=None, **limits):
         kata = dataclasses.replace(find(slug), **limits)
         path = tmp_path / (file_name or kata.learner_file)
         path.write_text(source, encoding="utf-8")
         before = path.read_bytes()
-        result = grade(kata, path, seed=seed, hidden_seed=seed, device="cpu")   # reproducible, hidden checks too
+        # reproducible, hidden checks too
+        result = grade(kata, path, seed=seed, hidden_seed=seed, device="cpu", zygote=zygotes(kata.framework))
         assert path.read_bytes() == before, "grading changed the learner's file"
         return result
 

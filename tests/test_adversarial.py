@@ -33,7 +33,8 @@ from graders.engine.manifest import ROOT, find
 
 from conftest import needs_bwrap
 
-pytestmark = needs_bwrap
+# One class run, read by every test: one worker runs them all.
+pytestmark = [needs_bwrap, pytest.mark.xdist_group("adversarial")]
 
 KATA = Path(sys.executable).with_name("kata")
 CLASS = Path(__file__).with_name("adversarial")

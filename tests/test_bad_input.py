@@ -138,6 +138,7 @@ def test_ndarray_subclass_is_refused(grade_source):
     assert "wrong type" in checks_by_id(result)["matches-reference"]["message"]
 
 
+@pytest.mark.serial   # a memory cap, judged with no other test's memory beside it
 def test_memory_hog_is_stopped(grade_source):
     source = "import numpy as np\ndef softmax(x, axis=-1):\n    return np.ones(10**10)\n"
     result = grade_source("softmax", source, memory_mb=1024)

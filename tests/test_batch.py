@@ -8,14 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from graders.engine.manifest import find
 
 from conftest import needs_bwrap
 
-pytestmark = needs_bwrap
+# One class run, read by most tests: one worker runs them all.
+pytestmark = [needs_bwrap, pytest.mark.xdist_group("batch")]
 
 KATA = Path(sys.executable).with_name("kata")
 KATAS = "softmax,causal-mask"
@@ -107,6 +107,7 @@ def test_grades_csv_has_every_learner_with_the_expected_scores(graded):
 
 
 def test_results_json_is_gradescope_format_with_a_test_per_check(graded):
+    import jsonschema   # here, not at collection: it takes most of a second
     _, out, _ = graded
     for learner in CLASS:
         results = json.loads((out / learner / "results.json").read_text())

@@ -4,7 +4,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from graders.engine.manifest import ROOT
+
+pytestmark = pytest.mark.serial   # a benchmark measures an idle machine
 
 
 def test_check_overhead_prints_a_ratio_per_kata():
@@ -37,3 +41,14 @@ def test_mutation_score_prints_the_table_and_the_time():
     assert run.returncode == 0, run.stderr
     assert re.search(r"^softmax\s+3\s+\d+\s+\d+\s+\d+\s+\d+\.\d%", run.stdout, re.M), run.stdout
     assert re.search(r"^softmax: \d+\.\d s, \d+\.\d\d s per mutant$", run.stdout, re.M), run.stdout
+
+
+def test_suite_time_prints_each_tier():
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite_time.py"), "--tiers", "collect"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    row = r"^collect\s+python -m pytest --collect-only -q\s+(\d+\.\ds\s+){3} \d+ collected$"
+    assert re.search(row, run.stdout, re.M), run.stdout
+    refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite_time.py"), "--tiers", "fast"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "unknown tier(s) fast" in refused.stderr

@@ -2,7 +2,6 @@
 few cases through Click's CliRunner where a prompt is answered)."""
 import json
 
-import jsonschema
 from click.testing import CliRunner
 
 import cli
@@ -51,6 +50,7 @@ def test_start_never_overwrites(kata_cmd):
 
 
 def test_check_json_validates_against_the_schema(kata_cmd):
+    import jsonschema   # here, not at collection: it takes most of a second
     kata_cmd("start", "softmax")
     run = kata_cmd("check", "softmax", "--json", "--seed", "5")
     assert run.returncode == 1

@@ -10,13 +10,13 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from conftest import KATA, needs_bwrap
 from graders.engine.manifest import find
 
-pytestmark = needs_bwrap
+# One autograder, built and set up once: one worker runs them all.
+pytestmark = [needs_bwrap, pytest.mark.xdist_group("gradescope")]
 
 KATAS = [find("softmax"), find("causal-mask")]
 MAX_SCORE = sum(k.max_score for k in KATAS)
@@ -82,6 +82,7 @@ def unpack(zip_path: Path) -> Path:
 def run_autograder(root: Path, files: dict[str, str | Path]) -> dict:
     """Grade a submission (file name -> source text, or a symlink's target) and return the
     results.json run_autograder left, checked against Gradescope's fields."""
+    import jsonschema   # here, not at collection: it takes most of a second
     submission = root / "submission"
     shutil.rmtree(submission, ignore_errors=True)
     shutil.rmtree(root / "results", ignore_errors=True)

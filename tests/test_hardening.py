@@ -88,6 +88,7 @@ def test_a_fork_bomb_hits_the_process_limit(learner_for):
     assert learner.bomb() < 64
 
 
+@pytest.mark.serial   # a memory cap, judged with no other test's memory beside it
 def test_memory_held_by_child_processes_counts(learner_for):
     # Each child stays under the per-process data limit; together they pass the cap.
     source = ("import os, time\ndef hog():\n    for _ in range(4):\n        if os.fork() == 0:\n"

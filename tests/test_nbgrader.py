@@ -14,7 +14,8 @@ from graders.engine.manifest import find
 
 from conftest import needs_bwrap
 
-pytestmark = needs_bwrap
+# One course, autograded once: one worker runs them all.
+pytestmark = [needs_bwrap, pytest.mark.xdist_group("nbgrader")]
 
 KATA = Path(sys.executable).with_name("kata")
 KATAS = ("softmax", "causal-mask", "mha")

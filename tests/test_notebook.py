@@ -3,15 +3,16 @@
 import json
 import re
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from graders.engine.manifest import find
 from graders.practice.notebook import SOLUTION_TAG, solution_source
 
 
 def run_notebook(path):
+    import nbformat   # here, not at collection: the Jupyter stack takes most of a second
+    from nbclient import NotebookClient
+
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()

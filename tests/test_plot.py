@@ -4,7 +4,6 @@ learner's code reported without a file, and a learner's file at --out never repl
 import math
 import shutil
 
-import matplotlib.image
 import numpy as np
 import pytest
 import torch
@@ -13,7 +12,7 @@ from click.testing import CliRunner
 import cli
 from graders.engine.learner import Learner
 from graders.engine.manifest import ROOT, find, katas
-from graders.engine.sandbox import Sandbox, Zygote
+from graders.engine.sandbox import Sandbox
 from graders.practice import plots
 
 PLOTS = [(k.slug, kind) for k in katas() for kind in k.plots]
@@ -26,8 +25,16 @@ def reference_in(workspace, slug):
     return workspace / kata.learner_file
 
 
-def compute(tmp_path, slug, kind, **options):
-    return plots.compute(find(slug), kind, reference_in(tmp_path, slug), seed=0, device="cpu", **options)
+@pytest.fixture
+def compute(tmp_path, zygotes):
+    """``compute(slug, kind)``: the data of a plot drawn from the reference, in a sandbox forked
+    from the session's zygote."""
+
+    def run(slug, kind, **options):
+        kata = find(slug)
+        return plots.compute(kata, kind, reference_in(tmp_path, slug), seed=0, device="cpu",
+                             zygote=zygotes(kata.framework), **options)
+    return run
 
 
 def test_every_declared_plot_has_a_drawing():
@@ -37,6 +44,7 @@ def test_every_declared_plot_has_a_drawing():
 
 @pytest.mark.parametrize("slug,kind", PLOTS)
 def test_the_reference_draws_a_real_png(tmp_path, slug, kind):
+    import matplotlib.image   # here, not at collection: a third of a second
     reference_in(tmp_path, slug)
     out = tmp_path / f"{slug}-{kind}.png"
     matplotlib.image.imsave(out, np.zeros((2, 2, 3)))   # an older plot: a PNG, so it is replaced
@@ -53,8 +61,8 @@ def test_the_reference_draws_a_real_png(tmp_path, slug, kind):
     assert [p.name for p in tmp_path.glob("*.png")] == [out.name], "a temporary file was left behind"
 
 
-def test_curves_show_that_only_sqrt_stays_flat(tmp_path):
-    data = compute(tmp_path, "scaling-variance", "curves")
+def test_curves_show_that_only_sqrt_stays_flat(compute):
+    data = compute("scaling-variance", "curves")
     d_k = np.array(data["d_k"], dtype=float)
     assert data["d_k"][0] == 1 and data["d_k"][-1] == 1024
     expected = {"none": np.sqrt(d_k), "sqrt": np.ones_like(d_k), "linear": 1 / np.sqrt(d_k)}
@@ -78,8 +86,8 @@ def assert_causal_rows(weights, *, allowed_keys=None):
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
 
 
-def test_causal_heatmaps_are_lower_triangular_distributions(tmp_path):
-    data = compute(tmp_path, "causal-mask", "heatmaps")
+def test_causal_heatmaps_are_lower_triangular_distributions(compute):
+    data = compute("causal-mask", "heatmaps")
     assert data["tokens"] == plots.SENTENCE
     *heads, padded = data["panels"]
     assert len(heads) == 3
@@ -90,15 +98,15 @@ def test_causal_heatmaps_are_lower_triangular_distributions(tmp_path):
     assert not np.allclose(heads[0]["weights"], heads[1]["weights"]), "the heads should differ"
 
 
-def test_mha_heatmaps_are_the_modules_causal_weights(tmp_path):
-    data = compute(tmp_path, "mha", "heatmaps")
+def test_mha_heatmaps_are_the_modules_causal_weights(compute):
+    data = compute("mha", "heatmaps")
     assert len(data["panels"]) == 4
     for panel in data["panels"]:
         assert_causal_rows(panel["weights"])
 
 
-def test_complexity_shows_quadratic_memory_against_sdpas_linear(tmp_path):
-    data = compute(tmp_path, "mha", "complexity", max_t=512)
+def test_complexity_shows_quadratic_memory_against_sdpas_linear(compute):
+    data = compute("mha", "complexity", max_t=512)
     assert data["T"] == [64, 128, 256, 512]
     mine, sdpa = np.array(data["learner"]["peak_bytes"]), np.array(data["sdpa"]["peak_bytes"])
     # The reference holds a few (1, H, T, T) float32 tensors at once: at least the scores.
@@ -108,8 +116,8 @@ def test_complexity_shows_quadratic_memory_against_sdpas_linear(tmp_path):
     assert all(s > 0 for s in data["learner"]["seconds"] + data["sdpa"]["seconds"])
 
 
-def test_cross_heatmaps_hide_the_source_padding_and_draw_no_triangle(tmp_path):
-    data = compute(tmp_path, "cross-attention", "heatmaps")
+def test_cross_heatmaps_hide_the_source_padding_and_draw_no_triangle(compute):
+    data = compute("cross-attention", "heatmaps")
     assert data["tokens"] == plots.TARGET and data["key_tokens"][:len(plots.SOURCE)] == plots.SOURCE
     real = len(plots.SOURCE)
     for panel in data["panels"]:
@@ -119,8 +127,8 @@ def test_cross_heatmaps_hide_the_source_padding_and_draw_no_triangle(tmp_path):
         np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
 
 
-def test_encodings_show_the_table_and_an_offset_only_dot_product(tmp_path):
-    data = compute(tmp_path, "positional-encoding", "encodings")
+def test_encodings_show_the_table_and_an_offset_only_dot_product(compute):
+    data = compute("positional-encoding", "encodings")
     T, d = data["T"], data["d"]
     table = data["table"]
     assert table.shape == (T, d) and np.abs(table).max() <= 1.0
@@ -134,8 +142,8 @@ def test_encodings_show_the_table_and_an_offset_only_dot_product(tmp_path):
     assert data["mean"][0] == pytest.approx(d / 2, abs=1e-4) and data["mean"].min() < d / 4
 
 
-def test_rotation_shows_the_angles_and_a_score_that_depends_on_the_offset_only(tmp_path):
-    data = compute(tmp_path, "rope", "rotation")
+def test_rotation_shows_the_angles_and_a_score_that_depends_on_the_offset_only(compute):
+    data = compute("rope", "rotation")
     T, hd = data["T"], data["hd"]
     cos = data["cos"]
     assert cos.shape == (T, hd // 2) and np.abs(cos).max() <= 1.0
@@ -147,8 +155,8 @@ def test_rotation_shows_the_angles_and_a_score_that_depends_on_the_offset_only(t
     assert np.ptp(dots[0]) > 0.5, "the score should change with the offset"
 
 
-def test_band_shows_the_window_the_causal_mask_and_a_reach_growing_by_window_minus_one(tmp_path):
-    data = compute(tmp_path, "sliding-window", "band")
+def test_band_shows_the_window_the_causal_mask_and_a_reach_growing_by_window_minus_one(compute):
+    data = compute("sliding-window", "band")
     T, W, Tq = data["T"], data["window"], data["queries"]
     back = np.arange(T)[:, None] - np.arange(T)[None, :]   # (T, T): how far back key j lies from query i
     band, causal, chunk, reach = (np.asarray(panel["mask"]) for panel in data["panels"])
@@ -161,8 +169,8 @@ def test_band_shows_the_window_the_causal_mask_and_a_reach_growing_by_window_min
     assert data["reach"][-1] < data["reach_T"], "the curve should grow linearly to its last layer"
 
 
-def test_flash_memory_grows_linearly_and_the_naive_quadratically(tmp_path):
-    data = compute(tmp_path, "flash-tiling", "memory", max_t=512)
+def test_flash_memory_grows_linearly_and_the_naive_quadratically(compute):
+    data = compute("flash-tiling", "memory", max_t=512)
     assert data["T"] == [64, 128, 256, 512]
     tiled, naive = np.array(data["learner"]), np.array(data["naive"])
     T = np.array(data["T"])
@@ -214,7 +222,7 @@ def test_katas_and_kinds_without_a_plot_are_usage_errors(tmp_path):
     assert "heatmaps, complexity" in result.output
 
 
-def test_peak_bytes_counts_live_tensors_on_the_cpu(tmp_path):
+def test_peak_bytes_counts_live_tensors_on_the_cpu(tmp_path, zygotes):
     n = 1 << 16
     path = tmp_path / "mod.py"
     path.write_text("import torch\n"
@@ -223,8 +231,8 @@ def test_peak_bytes_counts_live_tensors_on_the_cpu(tmp_path):
                     "    for _ in range(10):\n"
                     "        x = x + 1   # the old x is freed once the new one exists\n"
                     "    return x\n")
-    with Zygote(["torch"], isolated=None) as zygote, Sandbox(path, zygote=zygote, framework="torch", module_name="mod",
-                                              timeout_s=10, import_timeout_s=10, memory_mb=1024).start() as sandbox:
+    with Sandbox(path, zygote=zygotes("torch"), framework="torch", module_name="mod", timeout_s=10, import_timeout_s=10,
+                 memory_mb=1024).start() as sandbox:
         learner = Learner(sandbox)
         assert learner.peak_bytes(learner.chain, n) == 2 * 4 * n   # two float32 vectors, never eleven
         sdpa = learner.kit_function("sdpa_self_attention")

@@ -22,6 +22,9 @@ from graders.engine.sandbox import Zygote
 from graders.practice.interview import plan
 from tests.conftest import KATA
 
+# One bundle, built once: one worker runs them all.
+pytestmark = pytest.mark.xdist_group("release")
+
 BUNDLED = ["softmax", "mha"]
 SEED = 3
 

@@ -79,6 +79,7 @@ def test_not_implemented_and_exceptions(tmp_path):
         assert "line 4, in g: return 1 / 0" in str(info.value.text())
 
 
+@pytest.mark.serial   # a memory cap, judged with no other test's memory beside it
 def test_memory_watch_stops_a_hog_without_the_data_limit(tmp_path):
     source = "import numpy as np\ndef hog():\n    return np.ones(400 * 2**20 // 8 * 4).sum()\n"   # 1.6 GB touched
     learner, sandbox = learner_for(tmp_path, source, memory_mb=700, data_limit=False)
@@ -87,6 +88,7 @@ def test_memory_watch_stops_a_hog_without_the_data_limit(tmp_path):
             learner.hog()
 
 
+@pytest.mark.serial   # a memory cap, judged with no other test's memory beside it
 def test_data_limit_turns_a_hog_into_memory_error(tmp_path):
     learner, sandbox = learner_for(tmp_path, "import numpy as np\ndef hog():\n    return np.ones(10**10)\n", memory_mb=700)
     with sandbox:

@@ -115,6 +115,9 @@ class GradingPlugin:
 
     def pytest_configure(self, config):
         config.stash[RUN] = self
+        # A failed check reports its own message. pytest's default long traceback would parse the
+        # grader's source for every frame, a fifth of a failing run's time; the native one does not.
+        config.option.tbstyle = "native"
         config.addinivalue_line("markers", "cuda: the check needs a CUDA device")
 
     def pytest_collectreport(self, report):

@@ -19,6 +19,7 @@ from ..engine.failures import CheckFailed
 from ..engine.learner import Learner, call_text, describe_value
 from ..engine.manifest import Kata
 from ..engine.runner import resolve_device, sandbox_for
+from ..engine.sandbox import Zygote
 from ..engine.weights import inject, normal
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -47,13 +48,15 @@ def not_png(path: Path) -> bool:
         return f.read(len(PNG_MAGIC)) != PNG_MAGIC
 
 
-def compute(kata: Kata, kind: str, file: Path, *, seed: int = 0, device: str = "auto", max_t: int = MAX_T) -> dict:
-    """Run ``file`` in a sandbox and return the data plot ``kind`` of ``kata`` is drawn from.
+def compute(kata: Kata, kind: str, file: Path, *, seed: int = 0, device: str = "auto", max_t: int = MAX_T,
+            zygote: Zygote | None = None) -> dict:
+    """Run ``file`` in a sandbox (forked from ``zygote`` when given) and return the data plot
+    ``kind`` of ``kata`` is drawn from.
 
     Raises PlotFailed when the learner's code fails, RunnerError when the kit cannot run here."""
     data_of, _ = PLOTS[kata.slug, kind]
     device = resolve_device(kata, device)
-    with sandbox_for(kata, file, device=device) as sandbox:
+    with sandbox_for(kata, file, device=device, zygote=zygote) as sandbox:
         try:
             data = data_of(Learner(sandbox, device=device, seed=seed), seed=seed, device=device, max_t=max_t)
         except CheckFailed as exc:

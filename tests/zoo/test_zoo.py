@@ -12,7 +12,6 @@ import pytest
 
 from graders.engine.manifest import find, katas
 from graders.engine.runner import grade
-from graders.engine.sandbox import Zygote
 
 ZOO = Path(__file__).parent
 SEEDS = [1, 2, 3, 4, 5]
@@ -23,34 +22,28 @@ def _id(path: Path) -> str:
     return f"{path.parent.name}/{path.stem}"
 
 
-@pytest.fixture(scope="module")
-def zygote():
-    with Zygote({k.framework for k in katas()}, isolated=None, warm=True) as z:
-        yield z
-
-
-def graded(path: Path, seed: int, zygote, tmp_path) -> dict:
+def graded(path: Path, seed: int, zygotes, tmp_path) -> dict:
     kata = find(path.parent.name)
     learner = tmp_path / kata.learner_file   # the file name a learner hands in
     learner.write_text(path.read_text())
-    return grade(kata, learner, seed=seed, hidden_seed=seed, device="cpu", zygote=zygote)
+    return grade(kata, learner, seed=seed, hidden_seed=seed, device="cpu", zygote=zygotes(kata.framework))
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if "__" not in p.stem], ids=_id)
-def test_correct_solution_gets_full_marks(path, zygote, tmp_path):
+def test_correct_solution_gets_full_marks(path, zygotes, tmp_path):
     for seed in SEEDS:
-        result = graded(path, seed, zygote, tmp_path)
+        result = graded(path, seed, zygotes, tmp_path)
         lost = {c["id"]: c["message"] for c in result["checks"] if c["status"] not in ("passed", "skipped")}
         assert lost == {}, f"seed {seed}"
         assert result["score"] == result["max_score"] > 0
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if "__" in p.stem], ids=_id)
-def test_bug_gets_its_diagnosis(path, zygote, tmp_path):
+def test_bug_gets_its_diagnosis(path, zygotes, tmp_path):
     code = path.stem.split("__", 1)[1]
     assert code in find(path.parent.name).diagnoses, f"{code} is no diagnosis of {path.parent.name}"
     for seed in SEEDS:
-        result = graded(path, seed, zygote, tmp_path)
+        result = graded(path, seed, zygotes, tmp_path)
         assert result["status"] == "failed", f"seed {seed}"
         assert code in result["diagnoses"], f"seed {seed}: {result['diagnoses']}"
 
