@@ -150,9 +150,11 @@ def test_rerun_skips_unchanged_pairs_and_regrades_changed_ones(graded, tmp_path)
 
 def test_ctrl_c_keeps_what_was_graded_and_the_next_run_resumes(tmp_path):
     subs, out = tmp_path / "subs", tmp_path / "out"
+    # A second at import: the run is still grading when the interrupt comes, however fast the machine.
+    slow = "import time\ntime.sleep(1)\n" + (REFERENCE / "softmax.py").read_text()
     for i in range(6):
         (subs / f"l{i}").mkdir(parents=True)
-        (subs / f"l{i}" / "softmax.py").write_text((REFERENCE / "softmax.py").read_text())
+        (subs / f"l{i}" / "softmax.py").write_text(slow)
     proc = subprocess.Popen([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax", "-j", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     records = out / ".kata" / "records"
