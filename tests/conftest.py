@@ -41,8 +41,9 @@ def _quick_tier(config):
 
 def pytest_ignore_collect(collection_path, config):
     kata = _quick_tier(config)
-    if kata is not None and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        return collection_path.name not in ("test_content.py", "test_zoo.py", f"test_kata_{kata.module}.py")
+    if kata is not None and collection_path.suffix == ".py" and collection_path.name.startswith("test_") \
+            and collection_path.name not in ("test_content.py", "test_zoo.py", f"test_kata_{kata.module}.py"):
+        return True
     return None
 
 
