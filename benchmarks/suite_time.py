@@ -64,12 +64,12 @@ def main():
         for tier in tiers:
             seconds, summaries[tier] = run(commands[tier])
             times[tier].append(seconds)
-    width = max(len(" ".join(c)) for c in commands.values()) + len("python -m pytest ")
+    shown = {t: " ".join(["python -m pytest", *commands[t]]) for t in tiers}
+    width = max(map(len, shown.values()))
     print(f"{'tier':12} {'command':{width}} {'median':>8} {'min':>8} {'max':>8}  tests")
     for tier in tiers:
-        command = " ".join(["python -m pytest", *commands[tier]])
         t = times[tier]
-        print(f"{tier:12} {command:{width}} {statistics.median(t):7.1f}s {min(t):7.1f}s {max(t):7.1f}s  "
+        print(f"{tier:12} {shown[tier]:{width}} {statistics.median(t):7.1f}s {min(t):7.1f}s {max(t):7.1f}s  "
               f"{counted(summaries[tier])}")
     if {"full", "one-process"} <= set(tiers):
         ratio = statistics.median(times["one-process"]) / statistics.median(times["full"])

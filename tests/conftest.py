@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from graders.engine import bwrap
-from graders.engine.manifest import find
+from graders.engine.manifest import Kata, find
 from graders.engine.runner import grade
 from graders.engine.sandbox import Zygote
 
@@ -28,8 +28,11 @@ def pytest_addoption(parser):
                      "its content (reference, stub, bug oracles) and its style zoo")
 
 
+QUICK = pytest.StashKey[Kata | None]()   # the kata of --kata, found once in pytest_configure
+
+
 def _quick_tier(config):
-    """The kata of --kata, or None."""
+    """The kata of --kata, or None; an unknown slug stops the run here, with one line."""
     slug = config.getoption("kata")
     if slug is None:
         return None
@@ -40,7 +43,7 @@ def _quick_tier(config):
 
 
 def pytest_ignore_collect(collection_path, config):
-    kata = _quick_tier(config)
+    kata = config.stash[QUICK]
     if kata is not None and collection_path.suffix == ".py" and collection_path.name.startswith("test_") \
             and collection_path.name not in ("test_content.py", "test_zoo.py", f"test_kata_{kata.module}.py"):
         return True
@@ -54,7 +57,7 @@ def _about(item, kata) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    kata = _quick_tier(config)
+    kata = config.stash[QUICK]
     if kata is not None:
         mine = {i for i in items if i.path.name.startswith("test_kata_") or _about(i, kata)}
         config.hook.pytest_deselected(items=[i for i in items if i not in mine])
@@ -68,7 +71,7 @@ LOCKS = pytest.StashKey[Path]()
 
 
 def pytest_configure(config):
-    _quick_tier(config)   # an unknown --kata stops the run here, with one line
+    config.stash[QUICK] = _quick_tier(config)
     if hasattr(config, "workerinput"):
         # The workers share the cores: torch's threads, one per core in every worker, would spin
         # against each other (twice as slow as one process). One each, and for the `kata` commands

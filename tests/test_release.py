@@ -18,7 +18,6 @@ from graders.engine.bundle import HIDDEN_MESSAGE
 from graders.engine.manifest import ROOT, find, katas
 from graders.engine.oracles import Bugs
 from graders.engine.runner import grade
-from graders.engine.sandbox import Zygote
 from graders.practice.interview import plan
 from tests.conftest import KATA
 
@@ -97,7 +96,7 @@ def test_bundle_check_grades_stub_and_reference(bundle, tmp_path, slug):
 
 
 @pytest.mark.parametrize("slug", BUNDLED)
-def test_bundle_diagnoses_every_bug_as_the_full_kit_does(bundle, tmp_path, slug):
+def test_bundle_diagnoses_every_bug_as_the_full_kit_does(bundle, tmp_path, slug, zygotes):
     kata = find(slug)
     paths = {}
     for code in Bugs(kata).names:
@@ -114,13 +113,12 @@ def test_bundle_diagnoses_every_bug_as_the_full_kit_does(bundle, tmp_path, slug)
     assert run.returncode == 0, run.stderr
     replayed = dict(zip(paths, map(json.loads, run.stdout.splitlines())))
     public = set(kata.checks) - set(hidden_checks(kata))
-    with Zygote([kata.framework], isolated=None) as zygote:
-        for code, path in paths.items():
-            full = grade(kata, path, seed=SEED, device="cpu", zygote=zygote)
-            expected = {c["id"]: (c["status"], c["diagnosis"]) for c in full["checks"] if c["id"] in public}
-            got = {c["id"]: (c["status"], c["diagnosis"]) for c in replayed[code]["checks"] if c["id"] in public}
-            assert got == expected, code
-            assert replayed[code]["status"] == "failed"
+    for code, path in paths.items():
+        full = grade(kata, path, seed=SEED, device="cpu", zygote=zygotes(kata.framework))
+        expected = {c["id"]: (c["status"], c["diagnosis"]) for c in full["checks"] if c["id"] in public}
+        got = {c["id"]: (c["status"], c["diagnosis"]) for c in replayed[code]["checks"] if c["id"] in public}
+        assert got == expected, code
+        assert replayed[code]["status"] == "failed"
 
 
 def test_bundle_interviews_check_at_its_seed_and_plots(bundle, tmp_path):
