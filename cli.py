@@ -13,11 +13,13 @@ import shutil
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from graders.classroom import release
+from graders.classroom.rules import RELEASE_SEEDS, ClassFileError
 from graders.engine import manifest
 from graders.engine.bundle import NO_REFERENCE, bundle_info
 from graders.engine.manifest import Kata, ManifestError
@@ -73,29 +75,74 @@ def _containment_note():
         click.secho(f"note: {note}", fg="yellow", err=True)
 
 
-def _grading_sandbox(no_sandbox: bool) -> bool:
-    """Before grading many files: bwrap's sandbox, or --no-sandbox said aloud; exit 2 otherwise."""
+def _grading_sandbox(no_sandbox: bool, container: bool = False, private=()) -> str:
+    """Before grading many files, the sandbox mode (see ``Grading``): bwrap's sandbox; with
+    --container where bwrap cannot make namespaces, the grading container, when learner code can
+    reach neither the kit nor ``private`` (SUBMISSIONS, OUT); or --no-sandbox, said aloud. Exit 2
+    otherwise."""
     from graders.classroom.batch import NO_SANDBOX
-    from graders.engine.sandbox import SandboxUnusable, containment, sandbox_uid
+    from graders.engine.sandbox import SandboxUnusable, container_problem, containment, sandbox_uid
 
+    if no_sandbox and container:
+        raise click.UsageError("--no-sandbox and --container contradict each other: give one.")
     if not no_sandbox:
-        mode, why = containment()
-        if why:
+        mode, why = containment(container)
+        if mode == "bwrap":
+            return mode
+        if mode == "process":
             raise EnvironmentProblem(f"{why}. Grading runs learner code only in bubblewrap's sandbox; --no-sandbox "
-                                     "grades without it (the grades are then not protected against cheating).")
-        return True
+                                     "grades without it (the grades are then not protected against cheating), and "
+                                     "in a throwaway grading container --container grades as another user there.")
+        problem = container_problem(private)
+        if problem:
+            raise EnvironmentProblem(f"{why}, and --container cannot grade in this container either: {problem}.")
+        click.secho(f"note: {why}; learner code runs as an unprivileged user of this container (--container).",
+                    fg="yellow", err=True)
+        return mode
     click.secho(NO_SANDBOX, fg="yellow", err=True)
     try:
         sandbox_uid(isolated=False)
-    except SandboxUnusable as exc:
-        raise EnvironmentProblem(str(exc)) from None
-    return False
+    except SandboxUnusable:
+        click.secho("No other user can read Python's installation here, so learner code runs as root: "
+                    "--no-sandbox asked for no sandbox.", fg="yellow", err=True)
+    return "process"
 
 
 def _no_sandbox_option(command):
     return click.option("--no-sandbox", is_flag=True,
                         help="Grade without bubblewrap's sandbox (not protected against cheating; every "
                              "result and summary.md say so).")(command)
+
+
+def _container_option(command):
+    return click.option("--container", is_flag=True,
+                        help="This is a throwaway grading container (Gradescope's autograder passes it): use "
+                             "bubblewrap's sandbox where it works, else run learner code as an unprivileged user "
+                             "of the container, who must read neither the kit nor SUBMISSIONS and OUT (then "
+                             "kata grade must run as root; otherwise it refuses and says why).")(command)
+
+
+def _policy_options(command):
+    """The policy flags for graded work, shared by every command that grades a class."""
+    options = [
+        click.option("--graded", is_flag=True, help="Graded work: the three rules below at once."),
+        click.option("--banned-fails/--banned-counts", default=None,
+                     help="A kata that uses a banned API scores 0 (self-study: only its banned-api check fails)."),
+        click.option("--withhold-fixes/--show-fixes", default=None,
+                     help="Feedback names each diagnosed bug and what it means, without the code that fixes it."),
+        click.option("--hide-hidden-names/--show-hidden-names", default=None,
+                     help="Learners see each hidden check only as 'hidden check i of n' (on Gradescope, after "
+                          "the due date)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _policy(graded, banned_fails, withhold_fixes, hide_hidden_names) -> dict:
+    """The policy flags given (None: as the class file says; --graded: each one not given is on)."""
+    given = {"banned_fails": banned_fails, "withhold_fixes": withhold_fixes, "hide_hidden": hide_hidden_names}
+    return {name: True if graded and on is None else on for name, on in given.items()}
 
 
 def _all_katas() -> tuple[Kata, ...]:
@@ -548,8 +595,9 @@ def nbgrader_init(course, assignment, kata_names):
               help="Only these katas (comma-separated or repeated); by default every kata the assignment holds.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)),
               show_default="the number of CPUs", help="Notebooks graded at the same time.")
+@_policy_options
 @_no_sandbox_option
-def nbgrader_autograde(course, assignment, kata_names, jobs, no_sandbox):
+def nbgrader_autograde(course, assignment, kata_names, jobs, no_sandbox, **policy):
     """Grade COURSE/submitted/<student>/ASSIGNMENT/*.ipynb with the kit; scores go to the gradebook.
 
     The learners' solution cells are graded in the kit's sandbox (never in a kernel next to the
@@ -568,8 +616,8 @@ def nbgrader_autograde(course, assignment, kata_names, jobs, no_sandbox):
         raise click.UsageError(f"{source} holds no kata notebook: `kata nbgrader init` writes them.")
     sandbox = _grading_sandbox(no_sandbox)
     try:
-        results = autograde(course, assignment, katas, jobs=jobs, sandbox=sandbox)
-    except LookupError as exc:
+        results = autograde(course, assignment, katas, jobs=jobs, sandbox=sandbox, policy=_policy(**policy))
+    except (LookupError, ClassFileError) as exc:
         raise EnvironmentProblem(str(exc)) from None
     for student, by_kata in results.items():
         total = sum(r["score"] for r in by_kata.values())
@@ -595,13 +643,21 @@ def _kata_list(values: tuple[str, ...]) -> list[Kata]:
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)),
               show_default="the number of CPUs", help="Pairs graded at the same time.")
 @click.option("--force", is_flag=True, help="Grade again pairs that are already graded and unchanged.")
-@click.option("--seed", type=int, help="Seed of the public checks' inputs (random if not given).")
+@click.option("--learners", "learner_names", multiple=True, metavar="NAME[,NAME...]",
+              help="Grade only these learners (comma-separated or repeated); the class files still cover "
+                   "everyone graded into OUT.")
+@click.option("--replay", is_flag=True,
+              help="Grade the learners again at their recorded seeds, change nothing in OUT, and say for each "
+                   "pair whether the grade is the same (exit 1 if one differs): how a re-grade request is checked.")
 @click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
               help="Where the graders run: every learner of a class on the same kind of device.")
 @click.option("--show-hidden-diagnoses", is_flag=True,
               help="Tell learners the diagnosis of a failed hidden check (never its inputs).")
+@_policy_options
 @_no_sandbox_option
-def grade_class(submissions, out, kata_names, jobs, force, seed, device, show_hidden_diagnoses, no_sandbox):
+@_container_option
+def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay, device, show_hidden_diagnoses,
+                no_sandbox, container, **policy):
     """Grade a class: SUBMISSIONS/<learner>/<kata file> for every learner and kata.
 
     Writes OUT/grades.csv, OUT/summary.md (what the class got wrong) and, per learner,
@@ -610,29 +666,53 @@ def grade_class(submissions, out, kata_names, jobs, force, seed, device, show_hi
     resumes. Learner code runs in bubblewrap's sandbox (`apt-get install bubblewrap`), which
     sees neither the kit nor SUBMISSIONS nor OUT; without bwrap, grading refuses to run unless
     --no-sandbox is given.
+
+    --container is for a throwaway grading container (Gradescope's autograder passes it) whose
+    seccomp profile refuses the namespaces bwrap makes: there learner code runs as an
+    unprivileged user of the container instead, and only if kata grade is root and that user can
+    read neither the kit's files nor SUBMISSIONS nor OUT; every result and summary.md say
+    "container". On a machine where bwrap works, --container changes nothing.
+
+    The first run into OUT writes OUT/.kata/class.json: the class's secret, from which every
+    learner's inputs are drawn (the same file always gets the same grade, here or on another
+    machine given a copy of OUT; keep it, never hand it out), and the policy flags, which later
+    runs keep unless told otherwise.
     """
     _full_kit("grade")
+    from graders.classroom import rules
     from graders.classroom.batch import Grading
 
-    if seed is not None and seed in release.released_seeds():
-        raise click.BadParameter(f"a student bundle released from this kit recorded the expected values at seed "
-                                 f"{seed}: grading at it would grade against an answer key the learners hold. "
-                                 "Leave out --seed, or choose another.", param_hint="--seed")
-    sandbox = _grading_sandbox(no_sandbox)
+    sandbox = _grading_sandbox(no_sandbox, container, private=(submissions, out))
     katas = _kata_list(kata_names)
     if out.resolve().is_relative_to(submissions.resolve()):
         raise click.BadParameter("OUT must not be inside SUBMISSIONS (it would be graded as a learner).",
                                  param_hint="--out")
-    out.mkdir(parents=True, exist_ok=True)
-    run = Grading(submissions, out, katas, jobs=jobs, force=force, seed=seed, device=device,
-                  show_hidden_diagnoses=show_hidden_diagnoses, sandbox=sandbox)
+    only = [n.strip() for value in learner_names for n in value.split(",") if n.strip()] or None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        class_rules = rules.load(out) if replay else rules.load_or_create(out, **_policy(**policy))
+    except rules.ClassFileError as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    except OSError as exc:
+        raise EnvironmentProblem(f"Could not write to {out}: {exc.strerror or exc}.") from None
+    if replay and class_rules is None:
+        raise click.UsageError(f"{out} holds no graded class to replay (no {rules.CLASS_FILE}).")
+    run = Grading(submissions, out, katas, jobs=jobs, force=force, rules=class_rules, device=device,
+                  show_hidden_diagnoses=show_hidden_diagnoses, sandbox=sandbox, only=only)
     for name, why in run.refused_folders.items():
         click.secho(f"Not graded: {name}: {why}.", fg="yellow", err=True)
     if not run.learners:
         raise click.UsageError(f"{submissions} holds no learner folders (SUBMISSIONS/<learner>/<file>.py).")
+    unknown = sorted(set(only or ()) - set(run.learners))
+    if unknown:
+        raise click.BadParameter(f"no learner folder {', '.join(unknown)} in {submissions}.", param_hint="--learners")
+    if replay:
+        _replay(run)
+        return
     todo = run.todo()
-    click.echo(f"Grading {len(run.learners)} learner(s) x {len(katas)} kata(s): {len(todo)} pair(s) to grade, "
-               f"{len(run.pairs) - len(todo)} unchanged since their last grading; seed {run.seed}.", err=True)
+    click.echo(f"Grading {len(run.learners if only is None else only)} learner(s) x {len(katas)} kata(s): "
+               f"{len(todo)} pair(s) to grade, {len(run.pairs) - len(todo)} unchanged since their last grading; "
+               f"seeds from the class secret in {out / rules.CLASS_FILE}.", err=True)
     started = time.perf_counter()
     done = graded = 0
     with click.progressbar(length=len(todo), label="grading", show_pos=True, show_eta=True, file=sys.stderr,
@@ -658,6 +738,17 @@ def grade_class(submissions, out, kata_names, jobs, force, seed, device, show_hi
     per_pair = f", {elapsed / len(todo):.2f} s per pair" if todo else ""
     click.echo(f"Graded {len(todo)} pair(s) in {elapsed:.1f} s{per_pair}. Wrote {out / 'grades.csv'}, "
                f"{out / 'summary.md'} and {len(run.learners)} learner folder(s).")
+
+
+def _replay(run):
+    """Grade ``run``'s pairs again at their recorded seeds and say, pair by pair, whether the
+    grade is what OUT recorded; exit 1 if one is not."""
+    differ = 0
+    for pair, now, verdict in run.replay():
+        differ += verdict is not True
+        line = f"{pair.label}: {now['score']:g}/{now['max_score']:g} ({now['status']}): "
+        click.echo(line + ("the same grade as recorded." if verdict is True else verdict))
+    sys.exit(1 if differ else 0)
 
 
 @main.command()
@@ -725,9 +816,9 @@ def _lint_mutants(katas, seeds: list[int], sample: int | None):
               help="A new (or empty) folder for the student bundle.")
 @click.option("--katas", "kata_names", multiple=True, metavar="KATA[,KATA...]",
               help="Bundle only these katas (comma-separated or repeated); all by default.")
-@click.option("--seed", type=int, default=release.DEFAULT_SEED, show_default=True,
-              help="The one seed at which the bundle records expected values (its `kata check` uses it); "
-                   "`kata grade` refuses it from then on.")
+@click.option("--seed", type=click.IntRange(0, RELEASE_SEEDS - 1), default=release.DEFAULT_SEED, show_default=True,
+              help="The one seed at which the bundle records expected values (its `kata check` uses it). "
+                   f"Release seeds lie below {RELEASE_SEEDS}, class grading seeds above: never an answer key.")
 def release_(out, kata_names, seed):
     """Build a student bundle: the kit without reference/, bug oracles or hidden checks.
 
@@ -749,20 +840,35 @@ def release_(out, kata_names, seed):
               help="Where to write the zip, e.g. autograder.zip.")
 @click.option("--katas", "kata_names", multiple=True, metavar="KATA[,KATA...]",
               help="Grade only these katas (comma-separated or repeated); all by default.")
-def gradescope(out, kata_names):
+@click.option("--class", "class_out", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The OUT of a class graded with `kata grade`: its secret and policy go in the zip "
+                   "(by default a new secret, and the policy flags given here).")
+@_policy_options
+def gradescope(out, kata_names, class_out, **policy):
     """Build a Gradescope autograder zip that grades KATAS with this kit.
 
     Upload it as the assignment's autograder (Configure Autograder, zip file upload). Its setup.sh
     installs Python, the CPU build of the torch installed here and a wheel of this kit; its
     run_autograder grades the learner's files (softmax.py, causal_mask.py ...) with `kata grade`
     and always writes results.json, with score 0 and the reason when grading could not finish.
+    The zip holds the class's secret, so a re-run of a submission gets the same grade: keep the
+    zip away from learners.
     """
     _full_kit("gradescope")
+    from graders.classroom import rules
     from graders.classroom.gradescope import GradescopeError, build
 
     katas = _kata_list(kata_names)
     try:
-        built = build(out, katas)
+        known = rules.load(class_out) if class_out else None
+    except rules.ClassFileError as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    if class_out and known is None:
+        raise click.BadParameter(f"{class_out} holds no {rules.CLASS_FILE}: grade the class into it first.",
+                                 param_hint="--class")
+    known = known or rules.ClassRules(rules.new_secret(), rules.SELF_STUDY)
+    try:
+        built = build(out, katas, replace(known, policy=known.policy.updated(**_policy(**policy))))
     except GradescopeError as exc:
         raise EnvironmentProblem(str(exc)) from None
     click.echo(f"Wrote {out} ({built['size'] / 1e6:.1f} MB): katas {', '.join(built['katas'])}; "

@@ -13,6 +13,7 @@ Runs alternate between the two so that machine noise hits both alike; medians ar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import statistics
@@ -56,12 +57,13 @@ class InProcessSandbox:
 def plain(slug: str, file: str):
     from graders.engine.manifest import find
     from graders.engine.recording import Book
-    from graders.engine.runner import _run_pytest
+    from graders.engine.runner import Grading, _run_pytest
 
     kata = find(slug)
-    reports = _run_pytest(kata, InProcessSandbox(Path(file).resolve(), kata), seed=int(SEED), device="cpu",
-                          hidden_seed=int(SEED), book=Book(), release=None)
-    assert all(r["status"] in ("passed", "skipped") for r in reports.values()), reports
+    sandbox = InProcessSandbox(Path(file).resolve(), kata)
+    grading = Grading(int(SEED), int(SEED), Book(), lambda: contextlib.nullcontext(sandbox))
+    _run_pytest(kata, [grading], device="cpu", release=None)
+    assert all(r["status"] in ("passed", "skipped") for r in grading.reports.values()), grading.reports
 
 
 def timed(command: list[str]) -> float:

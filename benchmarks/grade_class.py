@@ -71,7 +71,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         subs, out = Path(tmp) / "submissions", Path(tmp) / "out"
         files = make_class(subs, args.learners)
-        grade = [str(KATA), "grade", str(subs), "--out", str(out), "-j", str(args.jobs), "--seed", "1"]
+        grade = [str(KATA), "grade", str(subs), "--out", str(out), "-j", str(args.jobs)]
         total = timed(grade)
         resume = timed(grade)
         sample = sorted(p for p in subs.glob("*/*.py"))[: args.naive_sample]

@@ -125,13 +125,6 @@ def graded(learner, bugs, kata, device, q, k, v, do, *, scale=None, causal=False
                 float32_inside=expect.float32_inside(kata, q.dtype))
 
 
-def jacobian_product(p, dp):
-    """ds = J dp with each row's softmax Jacobian J = diag(p) - p pᵀ built explicitly, in float64."""
-    p64, dp64 = p.double(), dp.double()
-    J = torch.diag_embed(p64) - p64.unsqueeze(-1) * p64.unsqueeze(-2)   # (..., T, T)
-    return (J @ dp64.unsqueeze(-1)).squeeze(-1).to(p.dtype)   # (..., T)
-
-
 def probabilities(rng, *shape, dtype=torch.float64):
     """p = softmax(2 z) along the last axis, z standard normal: rows far from uniform."""
     return torch.softmax(2 * randn(rng, *shape), dim=-1).to(dtype)
@@ -143,7 +136,7 @@ def test_softmax_backward_values(learner, bugs, kata, rng, device):
         p, dp = probabilities(rng, *shape, dtype=dtype), randn(rng, *shape, dtype=dtype)
         tol, loose = kata.tolerance(dtype), kata.tolerance("float32")
         got = learner.softmax_backward(p, dp)
-        expect.array(got, jacobian_product(p, dp), call="softmax_backward(p, dp)",
+        expect.array(got, bugs.expected.jacobian_product(p, dp), call="softmax_backward(p, dp)",
                      case=f"p {tuple(shape)} = softmax(2·z) along the last axis, dp {tuple(shape)} standard normal; "
                           f"{str(dtype).removeprefix('torch.')}",
                      against="J·dp with each row's Jacobian J = diag(p) - p pᵀ", device=device, **tol,

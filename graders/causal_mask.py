@@ -87,7 +87,7 @@ def test_square_mask_is_tril(learner, bugs, kata):
     for t in (5, 8, 1):   # 1 last: there an inverted mask and a missing diagonal look the same
         for args in ((t,), (t, t)):
             got = learner.causal_mask(*args)
-            check_mask(got, torch.ones(t, t, dtype=torch.bool).tril(), call=f"causal_mask({', '.join(map(str, args))})",
+            check_mask(got, bugs.expected.lower_triangle(t), call=f"causal_mask({', '.join(map(str, args))})",
                        case=f"{queries(t)} and keys: query i sees keys 0..i",
                        diagnose=lambda: bugs.match(got, lambda impl: impl.causal_mask(*args), **tol))
 
@@ -96,8 +96,7 @@ def test_rectangular_masks_bottom_right(learner, bugs, kata):
     """rectangular masks are bottom-right aligned (the queries are the last tokens, as with a KV cache)"""
     tol = kata.tolerance("float64")
     for tq, tk in ((1, 6), (3, 7), (5, 9), (7, 5)):
-        # Query i sits at absolute position tk - tq + i and sees the keys at or before it.
-        expected = torch.arange(tk)[None, :] <= (tk - tq + torch.arange(tq))[:, None]   # (Tq, Tk)
+        expected = bugs.expected.bottom_right(tq, tk)   # (Tq, Tk)
         offset = f"i + {tk - tq}" if tk >= tq else f"i - {tq - tk}"
         case = f"{queries(tq)}, {tk} keys: query i sits at position {offset} and sees the keys at or before it"
         if tq > tk:
@@ -124,6 +123,7 @@ def test_device_honoured(learner, bugs, kata, device):
     """causal_mask builds the mask on the requested device (a meta tensor for device="meta")"""
     tol = kata.tolerance("float64")
     case = "a meta tensor has a shape and a dtype but no data: it shows where the mask was built"
+    right = bugs.expected.bottom_right(4, 6)   # asked for on any device: a bundle built on a CPU records it
     for dev, text in (("meta", "'meta'"), (torch.device("meta"), "torch.device('meta')")):
         call = f"causal_mask(4, 6, device={text})"
         got = learner.causal_mask(4, 6, device=dev)
@@ -135,7 +135,6 @@ def test_device_honoured(learner, bugs, kata, device):
                     got=f"shape {tuple(got.shape)}", expected="shape (4, 6)")
     if device == "cuda":
         got = learner.causal_mask(4, 6, device="cuda")
-        right = torch.ones(4, 6, dtype=torch.bool).tril(2)   # query i sits at position 2 + i
         check_mask(got, right, call="causal_mask(4, 6, device='cuda')", case="4 queries, 6 keys",
                    device="cuda", diagnose=lambda: bugs.match(got, lambda impl: impl.causal_mask(4, 6), **tol))
 
@@ -144,7 +143,7 @@ def test_padding_mask_values(learner, bugs, kata, rng, device):
     """padding_mask is True exactly at the first lengths[b] positions, shaped (B, 1, 1, max_len)"""
     tol = kata.tolerance("float64")
     for lengths, max_len in ((torch.tensor([5, 2, 7, 0]), 7), (torch.from_numpy(rng.integers(1, 9, size=3)), 8)):
-        expected = torch.tensor([[[[p < n for p in range(max_len)]]] for n in lengths.tolist()])   # (B, 1, 1, T)
+        expected = bugs.expected.padding(lengths, max_len)   # (B, 1, 1, T)
         got = learner.padding_mask(lengths, max_len)
         check_mask(got, expected, call=f"padding_mask(lengths, {max_len})", device=device,
                    case=f"lengths = tensor({lengths.tolist()}), max_len = {max_len}", rows="one row per sequence",
@@ -230,10 +229,10 @@ def test_causal_and_padding_combined(learner, bugs, kata, rng, device):
             or diagnose_attention(bugs, result, q, k, v, right, loose))
 
 
-def test_banned_api(learner, kata, rng):
+def test_banned_api(learner, bugs, kata, rng):
     """no library attention: masks and attention written with tensor operations"""
     # Only this property: calls that complete without a library attention, whatever they return.
-    mask = torch.ones(5, 5, dtype=torch.bool).tril()   # (T, T)
+    mask = bugs.reference.causal_mask(5)   # (T, T)
     learner.masked_attention(*qkv(rng, (B, H), 5, 5), mask=mask)   # first call: lazy imports happen before recording
     q, k, v = qkv(rng, (B, H), 5, 5)   # fresh: no earlier call saw it, so memoised outputs cannot skip the ops
     with learner.recording() as ops:   # the masks too: 10 keys is a size no other call uses

@@ -127,7 +127,7 @@ def test_repeat_kv_interleaves(learner, bugs, rng, device):
                                         (2, 3, 5, 4, 1, torch.float64)):
         x = normal(rng, B, Hkv, T, hd).to(dtype)
         got = learner.repeat_kv(x, n_rep)
-        expected = x[:, [j // n_rep for j in range(Hkv * n_rep)]]   # (B, Hkv * n_rep, T, hd)
+        expected = bugs.expected.repeated(x, n_rep)   # (B, Hkv * n_rep, T, hd)
         call = f"repeat_kv(x, {n_rep})"
         case = f"x: {str(dtype).removeprefix('torch.')} ({B}, {Hkv}, {T}, {hd}) = (B, n_kv_heads, T, head_dim), standard normal"
         diagnose = lambda: bugs.match(got, lambda impl: impl.repeat_kv(x, n_rep), rtol=0, atol=0)

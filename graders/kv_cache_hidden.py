@@ -17,11 +17,15 @@ def fresh_config(rng, Hkv=None):
 
 
 def fresh_chunks(rng, T):
-    """A schedule of chunks of 1 to 4 tokens that add up to T, the first one 2 tokens or more."""
-    chunks = [int(rng.integers(2, 5))]
-    while sum(chunks) < T:
-        chunks.append(min(int(rng.integers(1, 5)), T - sum(chunks)))
-    return tuple(chunks)
+    """A schedule of chunks of 1 to 4 tokens that add up to T: the first one 2 tokens or more, and
+    a later one too (a chunk after cached tokens, where the mask's alignment shows even in a module
+    that handles a single decoded token apart)."""
+    while True:
+        chunks = [int(rng.integers(2, 5))]
+        while sum(chunks) < T:
+            chunks.append(min(int(rng.integers(1, 5)), T - sum(chunks)))
+        if max(chunks[1:]) >= 2:
+            return tuple(chunks)
 
 
 def test_decodes_any_chunk_schedule(learner, bugs, kata, rng, device):

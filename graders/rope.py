@@ -2,7 +2,6 @@
 from math import prod
 
 import torch
-import torch.nn.functional as F
 
 from graders.engine import expect
 from graders.engine.learner import describe_value
@@ -80,34 +79,6 @@ def trusted(cls, sd, H, x, *, max_len=None, base=None, splits=None):
             outs.append(out)
             start += size
     return torch.cat(outs, dim=1).to(x.dtype), tuple(t.to(x.dtype) for t in kv)
-
-
-def rotate_complex(t, positions, base):
-    """RoPE as complex multiplication (RoFormer's eq. 13): pair (t[2i], t[2i+1]) is the complex
-    number t[2i] + j·t[2i+1], times e^{j·p·θ_i}. Written apart from the reference."""
-    hd = t.shape[-1]
-    theta = 1.0 / base ** (torch.arange(hd // 2, dtype=torch.float64) * 2 / hd)   # (hd/2,)
-    turn = torch.polar(torch.ones(len(positions), hd // 2, dtype=torch.float64),
-                       positions.double()[:, None] * theta)   # (T, hd/2)
-    z = torch.view_as_complex(t.double().reshape(*t.shape[:-1], hd // 2, 2).contiguous())   # (..., T, hd/2)
-    return torch.view_as_real(z * turn).flatten(-2)   # (..., T, hd)
-
-
-def sdpa_rope(sd, H, x, base=None):
-    """The module's output written another way: complex rotations and F.scaled_dot_product_attention
-    (is_causal=True), in float64."""
-    B, T, d = x.shape
-    base = 10000.0 if base is None else base
-    xd, w = x.double(), {k: v.double() for k, v in sd.items()}
-    positions = torch.arange(T)
-
-    def heads(name):
-        return (xd @ w[name].T).view(B, T, H, d // H).transpose(1, 2)   # (B, H, T, hd)
-
-    q = rotate_complex(heads("q_proj.weight"), positions, base)   # (B, H, T, hd)
-    k = rotate_complex(heads("k_proj.weight"), positions, base)   # (B, H, T, hd)
-    y = F.scaled_dot_product_attention(q, k, heads("v_proj.weight"), is_causal=True)   # (B, H, T, hd)
-    return (y.transpose(1, 2).reshape(B, T, d) @ w["o_proj.weight"].T).to(x.dtype)   # (B, T, d)
 
 
 def module_tolerance(kata, dtype, positions: int) -> tuple[dict, dict]:
@@ -313,9 +284,9 @@ def compare(learner, bugs, kata, device, sd, H, x, *, base=None, max_len=None, d
     compute = lambda impl: trusted(impl.RoPEAttention, sd, H, x, max_len=max_len, base=base)
     diagnose = lambda: (bugs.match(got, compute, **loose) or bugs.match(got[0], lambda impl: compute(impl)[0], **loose))
     inside = loose if dtype == torch.float64 else None
-    expect.array(got[0], sdpa_rope(sd, H, x, base), call=call, case=case, what="the output", diagnose=diagnose,
-                 device=device, against="complex-number rotations of q and k, then F.scaled_dot_product_attention("
-                 "is_causal=True), with the same weights", **tol, float32_inside=inside)
+    expect.array(got[0], bugs.expected.sdpa_rope(sd, H, x, base), call=call, case=case, what="the output",
+                 diagnose=diagnose, device=device, against="complex-number rotations of q and k, then "
+                 "F.scaled_dot_product_attention(is_causal=True), with the same weights", **tol, float32_inside=inside)
     expected = trusted(bugs.reference.RoPEAttention, sd, H, x, max_len=max_len, base=base)
     for what, value, want in (("the output", got[0], expected[0]), ("the cached k", got[1][0], expected[1][0]),
                               ("the cached v", got[1][1], expected[1][1])):
@@ -349,9 +320,8 @@ def test_rotates_q_and_k_only(learner, bugs, kata, rng, device):
         compute = lambda impl: trusted(impl.RoPEAttention, weights_, H, x)
         diagnose = lambda: (bugs.match(got, compute, **loose)
                             or bugs.match(got[0], lambda impl: compute(impl)[0], **loose))
-        v = (x @ weights_["v_proj.weight"].T).view(B, T, H, hd).transpose(1, 2)   # (B, H, T, hd), never rotated
         if not about:
-            expect.values(got[1][1], v, call=call, case=case, what="the cached v",
+            expect.values(got[1][1], bugs.expected.values(weights_, H, x), call=call, case=case, what="the cached v",
                           against="v_proj(x) split into heads, not rotated: values carry content, not position",
                           **tol, float32_inside=loose, diagnose=diagnose)
             k = trusted(bugs.reference.RoPEAttention, weights_, H, x)[1][0]
@@ -359,9 +329,7 @@ def test_rotates_q_and_k_only(learner, bugs, kata, rng, device):
                           against="k_proj(x) split into heads and rotated at positions 0..T-1", **tol,
                           float32_inside=loose, diagnose=diagnose)
             continue
-        mean = v.cumsum(dim=2) / torch.arange(1, T + 1, dtype=torch.float64)[:, None]   # (B, H, T, hd): keys 0..i
-        want = mean.transpose(1, 2).reshape(B, T, d) @ weights_["o_proj.weight"].T   # (B, T, d)
-        expect.values(got[0], want, call=call, case=case, what="the output",
+        expect.values(got[0], bugs.expected.causal_mean(weights_, H, x), call=call, case=case, what="the output",
                       against="o_proj of the mean of the unrotated values of keys 0..i", **tol,
                       float32_inside=loose, diagnose=diagnose)
 

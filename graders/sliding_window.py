@@ -44,16 +44,6 @@ def qkv_case(q, k, v, about=""):
     return text + (f"; {about}" if about else "")
 
 
-def band(Tq, Tk, window):
-    """The expected mask, written out: query i sits at Tk - Tq + i and sees key j iff 0 <= its distance back < window."""
-    return torch.tensor([[0 <= (Tk - Tq + i) - j < window for j in range(Tk)] for i in range(Tq)], dtype=torch.bool)
-
-
-def top_left(Tq, Tk, window):
-    """The band with query i taken to sit at position i: SDPA's is_causal alignment."""
-    return torch.tensor([[0 <= i - j < window for j in range(Tk)] for i in range(Tq)], dtype=torch.bool)
-
-
 def band_case(Tq, Tk, window):
     queries = "1 query" if Tq == 1 else f"{Tq} queries"
     offset = f"i + {Tk - Tq}" if Tk > Tq else "i"
@@ -68,18 +58,20 @@ def grid(mask) -> str:
         "\n    " + " ".join(map(str, line)) for line in lines)
 
 
-def mask_diagnosis(got, Tq, Tk, window):
+def mask_diagnosis(got, wrong):
     """A bug named from the mask's pattern, when no oracle gives exactly this mask: a future key
-    allowed, the band one key too wide or too narrow, or the queries aligned top-left."""
-    if type(got) is not torch.Tensor or tuple(got.shape) != (Tq, Tk) or got.dtype != torch.bool:
+    allowed, the band one key too wide or too narrow, or the queries aligned top-left. ``wrong``
+    is ``bugs.expected.wrong_masks(Tq, Tk, window)``, asked for with the case rather than on
+    failure, so that a bundle records it and names these bugs too."""
+    future, narrower, wider, top_left = wrong
+    if type(got) is not torch.Tensor or got.shape != future.shape or got.dtype != torch.bool:
         return None
     got = got.cpu()
-    future = torch.arange(Tk)[None, :] > (Tk - Tq + torch.arange(Tq))[:, None]   # (Tq, Tk)
     if bool((got & future).any()):
         return "window-not-causal"
-    if any(torch.equal(got, band(Tq, Tk, w)) for w in (window - 1, window + 1)):
+    if torch.equal(got, narrower) or torch.equal(got, wider):
         return "window-off-by-one"
-    if Tq != Tk and torch.equal(got, top_left(Tq, Tk, window)):
+    if got.shape[0] != got.shape[1] and torch.equal(got, top_left):
         return "mask-top-left-aligned"
     return None
 
@@ -229,15 +221,17 @@ def test_mask_band_values(learner, bugs, kata):
     """the mask is the band 0 <= (Tk - Tq + i) - j < window: bottom-right aligned, the query and window - 1 keys before it"""
     tol = kata.tolerance("float64")
     for Tq, Tk, window in MASKS:
+        wrong = bugs.expected.wrong_masks(Tq, Tk, window)
         got = learner.sliding_window_mask(Tq, Tk, window)
-        check_mask(got, band(Tq, Tk, window), call=f"sliding_window_mask({Tq}, {Tk}, {window})",
+        check_mask(got, bugs.expected.band(Tq, Tk, window), call=f"sliding_window_mask({Tq}, {Tk}, {window})",
                    case=band_case(Tq, Tk, window),
                    diagnose=lambda: bugs.match(got, lambda impl: impl.sliding_window_mask(Tq, Tk, window), **tol)
-                   or mask_diagnosis(got, Tq, Tk, window))
+                   or mask_diagnosis(got, wrong))
 
 
-def test_mask_dtype_and_device(learner, device):
+def test_mask_dtype_and_device(learner, bugs, device):
     """the mask is bool and built on `device` (a meta tensor for device="meta"; CUDA too when present)"""
+    expected = bugs.expected.band(4, 6, 3)   # asked for on any device: a bundle built on a CPU records it
     call = "sliding_window_mask(5, 8, 3)"
     expect.bool_mask(learner.sliding_window_mask(5, 8, 3), (5, 8), call=call, what="the mask")
     case = "a meta tensor has a shape and a dtype but no data: it shows where the mask was built"
@@ -250,7 +244,7 @@ def test_mask_dtype_and_device(learner, device):
         expect.bool_mask(got, (4, 6), call=call, case=case, what="the mask")
     if device == "cuda":
         got = learner.sliding_window_mask(4, 6, 3, device="cuda")
-        check_mask(got, band(4, 6, 3), call="sliding_window_mask(4, 6, 3, device='cuda')", case=band_case(4, 6, 3),
+        check_mask(got, expected, call="sliding_window_mask(4, 6, 3, device='cuda')", case=band_case(4, 6, 3),
                    device="cuda", diagnose=None)
 
 
@@ -258,13 +252,13 @@ def test_window_covering_t_equals_causal(learner, bugs, kata, rng, device):
     """window >= Tk: the mask is the causal mask and the attention is causal attention (SDPA's, bottom-right aligned)"""
     tol = kata.tolerance("float64")
     for Tq, Tk, window in COVERING:
-        causal = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq)   # (Tq, Tk), bottom-right aligned
+        causal, wrong = bugs.expected.causal(Tq, Tk), bugs.expected.wrong_masks(Tq, Tk, window)   # (Tq, Tk) each
         got = learner.sliding_window_mask(Tq, Tk, window)
         check_mask(got, causal, call=f"sliding_window_mask({Tq}, {Tk}, {window})",
                    case=f"{band_case(Tq, Tk, window)}; a window of {window} >= {Tk} keys covers every earlier key: "
                         "the causal mask",
                    diagnose=lambda: bugs.match(got, lambda impl: impl.sliding_window_mask(Tq, Tk, window), **tol)
-                   or mask_diagnosis(got, Tq, Tk, window))
+                   or mask_diagnosis(got, wrong))
         q, k, v = qkv(rng, Tq, Tk)
         if Tq == Tk:
             expected, against = F.scaled_dot_product_attention(q, k, v, is_causal=True), \
@@ -284,7 +278,8 @@ def test_windowed_attention_matches(learner, bugs, kata, rng, device):
         check_attention(learner, bugs, kata, device, q, k, v, window, expected,
                         against="the reference, computed in float64", about=band_case(Tq, Tk, window))
     q, k, v = qkv(rng, 6, 9)
-    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=band(6, 9, 3))   # an oracle nobody here wrote
+    # An oracle nobody here wrote.
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=bugs.expected.band(6, 9, 3))
     check_attention(learner, bugs, kata, device, q, k, v, 3, sdpa, about=band_case(6, 9, 3),
                     against="F.scaled_dot_product_attention(q, k, v, attn_mask=the band)")
 

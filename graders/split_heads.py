@@ -1,7 +1,7 @@
 """Grader of the split-heads kata (katas/split-heads/README.md).
 
 The expected values come from an independent oracle (slicing and concatenating the channel blocks
-of each head), not from the reference's view and transpose.
+of each head, ``bugs.expected``), not from the reference's view and transpose.
 """
 
 import torch
@@ -43,17 +43,6 @@ def x_case(B, T, C, H, dtype) -> str:
 
 def y_case(B, T, C, H, dtype, layout="contiguous, as att @ v returns it") -> str:
     return f"y {dtype_name(dtype)} (B={B}, H={H}, T={T}, hd={C // H}) standard normal, {layout}"
-
-
-def split_expected(x, H):
-    """Head h of token t is the channel block x[b, t, h*hd:(h+1)*hd]."""
-    hd = x.shape[-1] // H
-    return torch.stack([x[..., h * hd:(h + 1) * hd] for h in range(H)], dim=1)   # (B, H, T, hd)
-
-
-def merge_expected(y):
-    """Head h goes back to channels h*hd:(h+1)*hd: the heads side by side along the channels."""
-    return torch.cat(y.unbind(dim=1), dim=-1)   # (B, T, H * hd)
 
 
 def laid_out(rng, shape, order, dtype=torch.float64):
@@ -108,7 +97,7 @@ def test_split_values(learner, bugs, kata, rng, device):
         tol = kata.tolerance(dtype)
         x = randn(rng, B, T, C, dtype=dtype)
         got = learner.split_heads(x, H)
-        expect.array(got, split_expected(x, H), call=f"split_heads(x, {H})", case=x_case(B, T, C, H, dtype),
+        expect.array(got, bugs.expected.split(x, H), call=f"split_heads(x, {H})", case=x_case(B, T, C, H, dtype),
                      device=device, what="split_heads(x, H)[b, h, t]", against="x[b, t, h*hd:(h+1)*hd]",
                      diagnose=lambda: bugs.match(got, lambda impl: impl.split_heads(x, H), **tol), **tol)
 
@@ -120,7 +109,7 @@ def test_merge_contiguous(learner, bugs, kata, rng, device):
         y = randn(rng, B, H, T, C // H, dtype=dtype)
         case = y_case(B, T, C, H, dtype)
         got = merge(learner, y, case=case)
-        expect.array(got, merge_expected(y), call="merge_heads(y)", case=case, device=device,
+        expect.array(got, bugs.expected.merge(y), call="merge_heads(y)", case=case, device=device,
                      what="merge_heads(y)[b, t, h*hd:(h+1)*hd]", against="y[b, h, t]",
                      diagnose=lambda: bugs.match(got, lambda impl: impl.merge_heads(y), **tol), **tol)
 
@@ -144,7 +133,7 @@ def test_merge_non_contiguous(learner, bugs, kata, rng, device):
                               **tol) or "merge-needs-contiguous"
 
         got = merge(learner, y, case=case, diagnose=diagnose_view_error)
-        expect.array(got, merge_expected(y), call="merge_heads(y)", case=case, device=device,
+        expect.array(got, bugs.expected.merge(y), call="merge_heads(y)", case=case, device=device,
                      what="merge_heads(y)[b, t, h*hd:(h+1)*hd]", against="y[b, h, t]",
                      diagnose=lambda: bugs.match(got, lambda impl: impl.merge_heads(y), **tol), **tol)
 
@@ -155,7 +144,7 @@ def test_rejects_indivisible_heads(learner, bugs, kata, rng, device):
     B, T, C, H = CASES[0]
     x = randn(rng, B, T, C)
     got = learner.split_heads(x, H)   # a valid split works: only the indivisible ones may raise
-    expect.array(got, split_expected(x, H), call=f"split_heads(x, {H})", case=x_case(B, T, C, H, torch.float64),
+    expect.array(got, bugs.expected.split(x, H), call=f"split_heads(x, {H})", case=x_case(B, T, C, H, torch.float64),
                  device=device, what="split_heads(x, H)[b, h, t]", against="x[b, t, h*hd:(h+1)*hd]",
                  diagnose=lambda: bugs.match(got, lambda impl: impl.split_heads(x, H), **tol), **tol)
     for B, T, C, H in ((2, 5, 10, 4), (3, 6, 12, 5)):

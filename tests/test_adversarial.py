@@ -159,8 +159,7 @@ def graded():
     before = snapshot(submissions)
     dirs = watched_dirs(base)
     planted_before = planted_files(dirs)
-    command = [str(KATA), "grade", str(submissions), "--out", str(out), "--katas", ",".join(KATAS),
-               "-j", "2", "--seed", "7"]
+    command = [str(KATA), "grade", str(submissions), "--out", str(out), "--katas", ",".join(KATAS), "-j", "2"]
     # Its own session: a learner signalling the grader's process group must not reach pytest.
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=base,
                             env={**os.environ, "NO_COLOR": "1"}, start_new_session=True)

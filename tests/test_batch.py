@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,8 +72,8 @@ def write_class(root: Path):
 
 
 def kata_grade(subs, out, *extra, **kwargs):
-    return subprocess.run([str(KATA), "grade", str(subs), "--out", str(out), "--katas", KATAS, "--seed", "5",
-                           *extra], capture_output=True, text=True, timeout=600, **kwargs)
+    return subprocess.run([str(KATA), "grade", str(subs), "--out", str(out), "--katas", KATAS, *extra],
+                          capture_output=True, text=True, timeout=600, **kwargs)
 
 
 def grades(out: Path) -> dict:
@@ -208,3 +209,104 @@ def test_a_full_disk_stops_with_a_sentence_and_the_same_command_continues(tmp_pa
     again = kata_grade(subs, out)
     assert again.returncode == 0, again.stderr
     assert set(grades(out)) == set(CLASS)
+
+
+# Right except where the window is odd: which hidden draws catch it depends on the inputs drawn.
+ODD_WINDOWS = (REFERENCE / "sliding_window.py").read_text().replace(
+    "def sliding_window_mask(Tq: int, Tk: int, window: int, device=None) -> torch.Tensor:",
+    "def sliding_window_mask(Tq: int, Tk: int, window: int, device=None) -> torch.Tensor:\n"
+    "    window += window % 2")
+
+
+def test_the_same_files_get_the_same_grades_on_every_run_and_from_a_copy_of_out(tmp_path):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    for i in range(6):
+        (subs / f"l{i}").mkdir(parents=True)
+        (subs / f"l{i}" / "sliding_window.py").write_text(ODD_WINDOWS)
+    grade = lambda subs, out, *extra: subprocess.run(
+        [str(KATA), "grade", str(subs), "--out", str(out), "--katas", "sliding-window", *extra],
+        capture_output=True, text=True, timeout=600)
+    assert grade(subs, out).returncode == 0
+    first = (out / "grades.csv").read_bytes()
+    scores = {float(r["total"]) for r in grades(out).values()}
+    assert max(scores) < find("sliding-window").max_score   # the bug is caught somewhere
+    assert grade(subs, out, "--force").returncode == 0
+    assert (out / "grades.csv").read_bytes() == first
+    # Another machine: a copy of the submissions and of OUT (its class file holds the secret).
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(subs, elsewhere / "subs")
+    (elsewhere / "out" / ".kata").mkdir(parents=True)
+    shutil.copy2(out / ".kata" / "class.json", elsewhere / "out" / ".kata" / "class.json")
+    assert grade(elsewhere / "subs", elsewhere / "out").returncode == 0
+    assert (elsewhere / "out" / "grades.csv").read_bytes() == first
+    # A replay says so; a record that does not match what its file gets is found out.
+    replay = grade(subs, out, "--learners", "l0,l3", "--replay")
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert replay.stdout.count("the same grade as recorded.") == 2
+    record = out / ".kata" / "records" / "l3" / "sliding-window.json"
+    forged = json.loads(record.read_text())
+    forged["result"]["score"] += 1
+    record.write_text(json.dumps(forged))
+    replay = grade(subs, out, "--learners", "l3", "--replay")
+    assert replay.returncode == 1 and "DIFFERENT from the recorded" in replay.stdout
+    seeds = json.loads(record.read_text())["seeds"]
+    assert all(2**31 <= seed < 2**32 for seed in seeds)   # never a release seed
+
+
+BANNED_SOFTMAX = "import torch\n\ndef softmax(x, axis=-1):\n    return torch.softmax(torch.as_tensor(x), dim=axis).numpy()\n"
+
+
+def test_the_policy_for_graded_work(tmp_path):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    for name, source in {"ann": BANNED_SOFTMAX, "carol": OVERFLOW}.items():
+        (subs / name).mkdir(parents=True)
+        (subs / name / "softmax.py").write_text(source)
+    run = subprocess.run([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax", "--graded"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert float(grades(out)["ann"]["softmax"]) == 0          # a banned API fails the kata
+    ann = (out / "ann" / "feedback.md").read_text()
+    assert "banned-api" in ann and "banned API" in ann
+    carol = (out / "carol" / "feedback.md").read_text()
+    overflow = find("softmax").diagnoses["softmax-overflow"]
+    assert overflow.explain in carol and overflow.fix not in carol and "Fix:" not in carol
+    hidden = [c for c in json.loads((out / ".kata" / "records" / "carol" / "softmax.json").read_text())
+              ["result"]["checks"] if c["visibility"] == "hidden"]
+    assert hidden
+    results = json.loads((out / "carol" / "results.json").read_text())
+    shown = [t for t in results["tests"] if "hidden check" in t["name"]]
+    assert [t["name"] for t in shown] == [f"softmax: hidden check {i} of {len(hidden)}" for i in range(1, len(hidden) + 1)]
+    assert all(t["visibility"] == "after_due_date" for t in shown)
+    for check in hidden:   # neither the id nor the name of a hidden check reaches the learner
+        for text in (carol, (out / "carol" / "results.json").read_text()):
+            assert check["id"] not in text and check["name"] not in text
+    assert "Policy: A banned API scores the kata 0" in (out / "summary.md").read_text()
+    # Kept in the class file: a later run without the flags grades by the same rules.
+    again = subprocess.run([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax", "--force"],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and float(grades(out)["ann"]["softmax"]) == 0
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def test_a_grading_process_that_dies_takes_its_pair_to_a_fresh_one(tmp_path):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    (subs / "ada").mkdir(parents=True)
+    (subs / "ada" / "softmax.py").write_text("import time\ntime.sleep(1)\n" + (REFERENCE / "softmax.py").read_text())
+    proc = subprocess.Popen([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax", "-j", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    pool = []
+    while not pool and time.monotonic() < deadline:   # the first pool's grading process
+        pool = [c for c in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        time.sleep(0.05)
+    assert pool, "no grading process appeared"
+    os.kill(pool[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert float(grades(out)["ada"]["softmax"]) == find("softmax").max_score

@@ -1,12 +1,17 @@
 """`kata gradescope`: the real zip, unpacked into a temporary autograder root, its setup.sh run for
 real (a virtual environment with torch and the kit's wheel, about 30 s, once per session), then its
-run_autograder on submissions as Gradescope would run it."""
+run_autograder on submissions as Gradescope would run it: as here, and in a container that refuses
+the namespaces bubblewrap makes, as Gradescope's does (tests/docker_seccomp.py), where learner
+code that reads the kit, writes the results or reaches the other pair earns nothing by it."""
 import json
 import os
+import platform
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -82,6 +87,12 @@ def unpack(zip_path: Path) -> Path:
 def run_autograder(root: Path, files: dict[str, str | Path]) -> dict:
     """Grade a submission (file name -> source text, or a symlink's target) and return the
     results.json run_autograder left, checked against Gradescope's fields."""
+    return autograde(root, files)[0]
+
+
+def autograde(root: Path, files: dict[str, str | Path], launcher: tuple[str, ...] = ()) -> tuple[dict, str]:
+    """run_autograder's results.json and its stdout (what instructors see); ``launcher``: the
+    command that runs it (a container's limits)."""
     import jsonschema   # here, not at collection: it takes most of a second
     submission = root / "submission"
     shutil.rmtree(submission, ignore_errors=True)
@@ -92,12 +103,12 @@ def run_autograder(root: Path, files: dict[str, str | Path]) -> dict:
             (submission / name).symlink_to(content)
         else:
             (submission / name).write_text(content, encoding="utf-8")
-    done = subprocess.run([str(root / "run_autograder")], cwd=root, capture_output=True, text=True,
+    done = subprocess.run([*launcher, str(root / "run_autograder")], cwd=root, capture_output=True, text=True,
                           env={**os.environ, "KATA_AUTOGRADER_ROOT": str(root)}, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((root / "results" / "results.json").read_text(encoding="utf-8"))
     jsonschema.validate(results, RESULTS_SCHEMA)
-    return results
+    return results, done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +143,8 @@ def test_zip_holds_the_scripts_a_wheel_of_the_kit_and_the_katas(zip_path):
         with zf.open(wheel) as f, zipfile.ZipFile(f) as whl:
             packed = set(whl.namelist())
     assert modes["setup.sh"] == modes["run_autograder"] == 0o755
-    assert set(modes) == {"setup.sh", "run_autograder", "config.json", wheel}
+    assert set(modes) == {"setup.sh", "run_autograder", "config.json", "class.json", wheel}
+    assert modes["class.json"] == 0o600   # the class's secret: root's alone in the image
     assert config["katas"] == ["softmax", "causal-mask"]
     assert {"cli.py", "reference/softmax.py", "graders/softmax.py", "katas/softmax/kata.toml"} <= packed
 
@@ -145,6 +157,25 @@ def test_reference_submission_gets_full_marks(installed):
     assert all(t["status"] == "passed" for t in results["tests"])
     # learner code ran as another user; the wheel with the reference must stay out of its reach
     assert stat.S_IMODE((installed / "source").stat().st_mode) & 0o077 == 0
+
+
+# Right except along axes of odd length: which draws catch it depends on the inputs drawn.
+ODD_AXES = """import numpy as np
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    out = e / e.sum(axis=axis, keepdims=True)
+    return out if x.shape[axis] % 2 == 0 else out * (1 + 1e-3)
+"""
+
+
+def test_a_re_run_of_a_submission_gets_the_same_grade(installed):
+    """Gradescope re-runs a submission (a regrade request, a changed autograder): the zip's
+    class.json fixes every input, so the same file gets the very same tests."""
+    first = run_autograder(installed, {"softmax.py": ODD_AXES})
+    again = run_autograder(installed, {"softmax.py": ODD_AXES})
+    assert 0 < first["score"] < MAX_SCORE
+    assert first["tests"] == again["tests"]
 
 
 def test_empty_submission_scores_zero_and_says_what_is_missing(installed):
@@ -189,3 +220,187 @@ def test_missing_setup_still_writes_results(zip_path):
         shutil.rmtree(root)
     assert results["score"] == 0
     assert "setup.sh did not finish" in results["output"]
+
+
+# --- in a container that refuses namespaces (Docker's default seccomp profile, Gradescope's) -------
+
+CONTAINER = (sys.executable, str(Path(__file__).with_name("docker_seccomp.py")))
+in_a_container = pytest.mark.skipif(os.geteuid() != 0 or platform.machine() != "x86_64",
+                                    reason="Docker's seccomp profile is imitated for x86_64, and as root")
+CAUSAL_MASK = find("causal-mask")
+ATTEMPT = '''
+import json, os, signal, sys, time
+tried = {"ok": [], "denied": {}}   # what succeeded; what failed, as {what: {exception: times}}
+def attempt(what, action, target=""):
+    try:
+        action()
+    except Exception as exc:
+        counts = tried["denied"].setdefault(what, {})
+        counts[type(exc).__name__] = counts.get(type(exc).__name__, 0) + 1
+    else:
+        tried["ok"].append(f"{what} {target}")
+'''
+
+
+def site_packages(root: Path) -> Path:
+    found, = (root / "venv").glob("lib/python3*/site-packages")
+    return found
+
+
+def attack(installed: Path, softmax: str) -> tuple[dict, dict, str]:
+    """Grade softmax.py = ``softmax`` beside a correct causal_mask.py in the container; returns
+    results.json, what the attack reported (its import raises a RuntimeError carrying the report
+    as JSON) and the autograder's stdout."""
+    results, stdout = autograde(installed, {"softmax.py": ATTEMPT + softmax,
+                                            "causal_mask.py": CAUSAL_MASK.reference_path.read_text()}, CONTAINER)
+    assert "tests" in results, results["output"]
+    text = next(t["output"] for t in results["tests"] if "ATTACK " in t["output"])
+    report = json.loads(text.split("ATTACK ", 1)[1].splitlines()[0])
+    return results, report, stdout
+
+
+def causal_mask_score(results: dict) -> float:
+    return sum(t["score"] for t in results["tests"] if t["name"].startswith("causal-mask: "))
+
+
+def _cmdline_has(pid: str, token: str) -> bool:
+    try:
+        return token.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+@in_a_container
+def test_bwrap_cannot_make_a_sandbox_under_dockers_seccomp_profile():
+    done = subprocess.run([*CONTAINER, "bwrap", "--unshare-pid", "--ro-bind", "/", "/", "true"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "Operation not permitted" in done.stderr, done.stderr
+    done = subprocess.run([*CONTAINER, sys.executable, "-c", "from graders.engine import bwrap; print(bwrap.problem())"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.startswith("bubblewrap (bwrap) could not start a sandbox here"), done.stdout + done.stderr
+
+
+@in_a_container
+def test_in_a_container_a_correct_submission_gets_full_marks_as_another_user(installed):
+    results, stdout = autograde(installed, {k.learner_file: k.reference_path.read_text(encoding="utf-8")
+                                            for k in KATAS}, CONTAINER)
+    assert results["score"] == MAX_SCORE, results["output"]
+    assert all(t["status"] == "passed" for t in results["tests"])
+    assert "Sandbox: container" in stdout   # summary.md, shown to instructors
+    # what the sandbox user must not read: the kit as installed, its source, the grades
+    site = site_packages(installed)
+    private = [site / "reference", site / "graders", site / "katas", site / "cli.py",
+               *site.glob("attention_katas-*.dist-info"), *site.glob("__pycache__/cli.*.pyc"),
+               installed / "source", installed / "results"]
+    assert len(private) == 8 and all(stat.S_IMODE(p.stat().st_mode) & 0o077 == 0 for p in private)
+
+
+@in_a_container
+def test_in_a_container_learner_code_reads_neither_the_kit_nor_its_source(installed):
+    site = site_packages(installed)
+    wheel, = (installed / "source").glob("*.whl")
+    files = [site / "reference" / "softmax.py", site / "graders" / "softmax_hidden.py", site / "cli.py",
+             *site.glob("__pycache__/cli.*.pyc"), *site.glob("attention_katas-*.dist-info/RECORD"), wheel,
+             installed / "source" / "config.json"]
+    folders = [site / "reference", installed / "source"]
+    results, report, _ = attack(installed, f'''
+for path in {json.dumps(list(map(str, files)))}:
+    attempt("read " + path, lambda path=path: open(path, "rb").read(1))
+for path in {json.dumps(list(map(str, folders)))}:
+    attempt("list " + path, lambda path=path: os.listdir(path))
+def reference():
+    from reference.softmax import softmax
+attempt("import reference.softmax", reference)
+raise RuntimeError("ATTACK " + json.dumps(tried))
+''')
+    assert report["ok"] == [] and len(report["denied"]) == len(files) + len(folders) + 1, report
+    assert causal_mask_score(results) == CAUSAL_MASK.max_score and results["score"] == CAUSAL_MASK.max_score
+
+
+@in_a_container
+def test_in_a_container_learner_code_cannot_write_the_results(installed):
+    """At once, and from a daemon meant to forge results.json once grading is over."""
+    heartbeat = Path(tempfile.mkdtemp(prefix="kata-attack-"))   # where the daemon says what it tried
+    heartbeat.chmod(0o777)
+    token = heartbeat.name
+    results_json = installed / "results" / "results.json"
+    daemon = ATTEMPT + f'''
+forged = json.dumps({{"score": 1000, "output": "forged"}})
+def replace():
+    with open({str(heartbeat)!r} + "/forged.json", "w") as f:
+        f.write(forged)
+    os.replace({str(heartbeat)!r} + "/forged.json", {str(results_json)!r})
+for round in range(600):   # a minute, unless it is stopped
+    attempt("write", lambda: open({str(results_json)!r}, "w").write(forged))
+    attempt("replace", replace)
+    attempt("list", lambda: os.listdir({str(results_json.parent)!r}))
+    with open({str(heartbeat)!r} + "/next", "w") as f:
+        json.dump({{"round": round, **tried}}, f)
+    os.replace({str(heartbeat)!r} + "/next", {str(heartbeat)!r} + "/report")
+    tried = {{"ok": [], "denied": {{}}}}
+    time.sleep(0.1)
+'''
+    try:
+        results, report, _ = attack(installed, f'''
+import subprocess
+attempt("write at once", lambda: open({str(results_json)!r}, "w").write("{{}}"))
+subprocess.Popen([sys.executable, "-c", {daemon!r}, {token!r}], start_new_session=True,
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+for _ in range(100):   # graded on only once the daemon has tried
+    if os.path.exists({str(heartbeat)!r} + "/report"):
+        break
+    time.sleep(0.1)
+raise RuntimeError("ATTACK " + json.dumps(tried))
+''')
+        time.sleep(1.0)   # a daemon that outlived grading would write now
+        said = json.loads((heartbeat / "report").read_text())
+        left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline_has(pid, token)]
+    finally:
+        shutil.rmtree(heartbeat)
+    assert report["ok"] == [] and report["denied"], report
+    assert said["ok"] == [] and len(said["denied"]) == 3, said
+    assert left == [], "the daemon outlived its sandbox"
+    assert json.loads(results_json.read_text()) == results
+    assert results["score"] == CAUSAL_MASK.max_score
+
+
+@in_a_container
+def test_in_a_container_learner_code_reaches_no_other_pair_nor_the_grading_folder(installed):
+    """The other kata's worker, the grader and its zygotes (signals, /proc), the grading folder
+    whose path the grader's command line shows, other sandboxes' folders, the submission itself."""
+    results, report, _ = attack(installed, f'''
+me, grader, seen = os.getpid(), None, set()
+deadline = time.time() + 4   # while the other pair is graded too (one grading process each)
+while time.time() < deadline:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me or pid in seen:
+            continue
+        try:
+            argv = open(f"/proc/{{pid}}/cmdline", "rb").read().decode(errors="replace").split("\\0")
+        except OSError:
+            continue
+        if "--out" in argv:   # kata grade SUBMISSIONS --out OUT: where the copy and the grades are
+            grader = argv
+        if "--out" in argv or any(a.endswith("worker.py") or "multiprocessing" in a for a in argv):
+            seen.add(pid)
+            attempt("kill", lambda pid=pid: os.kill(int(pid), signal.SIGKILL), pid)
+            attempt("read environ", lambda pid=pid: open(f"/proc/{{pid}}/environ", "rb").read(1), pid)
+            attempt("read mem", lambda pid=pid: open(f"/proc/{{pid}}/mem", "rb").read(1), pid)
+    time.sleep(0.2)
+tried["grader found"] = grader is not None
+if grader:
+    out, subs = grader[grader.index("--out") + 1], grader[grader.index("grade") + 1]
+    attempt("list the grading folder", lambda: os.listdir(os.path.dirname(out)))
+    attempt("read the copy of causal_mask.py", lambda: open(subs + "/submission/causal_mask.py").read())
+    attempt("write OUT's results.json", lambda: open(out + "/submission/results.json", "w").write("{{}}"))
+attempt("change the submitted causal_mask.py", lambda: open({str(installed / "submission" / "causal_mask.py")!r}, "a"))
+for name in sorted(os.listdir("/tmp")):
+    path = "/tmp/" + name
+    if name.startswith(("kata-sandbox-", "kata-zygote-")) and path != os.getcwd() and os.stat(path).st_uid != os.getuid():
+        attempt("list another sandbox's folder", lambda path=path: os.listdir(path), path)
+raise RuntimeError("ATTACK " + json.dumps(tried))
+''')
+    assert report["grader found"] and report["ok"] == [], report
+    assert report["denied"]["kill"] == {"PermissionError": report["denied"]["kill"]["PermissionError"]}, report
+    assert report["denied"]["kill"]["PermissionError"] >= 2, report   # the grader, its zygotes and workers
+    assert causal_mask_score(results) == CAUSAL_MASK.max_score and results["score"] == CAUSAL_MASK.max_score

@@ -8,7 +8,7 @@ import pytest
 
 from graders.classroom.release import hidden_checks
 from graders.engine.manifest import find, katas
-from graders.engine.runner import grade
+from graders.engine.runner import grade, grade_seeds
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "graders/engine/result.schema.json").read_text())
 
@@ -73,6 +73,20 @@ def test_hidden_seed_replays_hidden_inputs(echo_file, zygotes):
                      for _ in range(2))
     assert first["hidden_seed"] == second["hidden_seed"] == 11
     assert printed(first) == printed(second)
+
+
+def test_grading_at_several_seeds_is_a_grading_at_each(echo_file, zygotes):
+    """grade_seeds, one pytest session for several seeds (how the content tests sweep a bug over
+    them), returns what a grading at each seed returns: the same inputs drawn, the same results."""
+    kata = find("softmax")
+    seeds = [3, 2**31 + 3]
+    at_once = grade_seeds(kata, echo_file, seeds, device="cpu", zygote=zygotes(kata.framework))
+    each = [grade(kata, echo_file, seed=seed, hidden_seed=seed, device="cpu", zygote=zygotes(kata.framework))
+            for seed in seeds]
+    untimed = lambda result: {**result, "duration_s": None, "checks": [{**c, "duration_s": None}
+                                                                         for c in result["checks"]]}
+    assert [untimed(r) for r in at_once] == [untimed(r) for r in each]
+    assert printed(at_once[0]) != printed(at_once[1])
 
 
 def test_kata_check_labels_hidden_checks_and_replays_them_with_seed(kata_cmd):

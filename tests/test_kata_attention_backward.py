@@ -7,10 +7,11 @@ import torch
 
 from conftest import checks_by_id
 from graders.attention_backward import (FUTURE, SQUARE, TALL, VALUE_WIDTH, WIDE, autograd_grads,
-                                        central_differences, inputs, jacobian_product, probabilities)
+                                        central_differences, inputs, probabilities)
 from graders.engine.manifest import find
 from graders.engine.structure import banned_used
 from reference.attention_backward import attention_backward, softmax_backward
+from reference.attention_backward_expected import jacobian_product
 
 HIDDEN = {"fresh-inputs", "gradients-sum-to-zero"}
 

@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import checks_by_id
-from graders.sliding_window import MASKS, band, spans, trusted_decode, trusted_windows
+from graders.sliding_window import MASKS, spans, trusted_decode, trusted_windows
 from graders.sliding_window_hidden import fresh_chunks
 from reference.sliding_window import RollingKVCache, sliding_window_attention, sliding_window_mask
+from reference.sliding_window_expected import band
 
 # A triu/tril difference mask, einsum attention and a shift-register cache that keeps the last
 # window tokens oldest first (a view of the last concatenation): nothing like the reference.
@@ -110,9 +111,12 @@ def test_the_reference_cache_decodes_windowed_attention(window, chunks):
 def test_fresh_chunks_hold_a_prefill_longer_than_the_window():
     for seed in range(20):
         rng = np.random.default_rng(seed)
-        window = int(rng.integers(2, 7))
+        window = int(rng.integers(3, 7))
         chunks = fresh_chunks(rng, window)
         assert sum(chunks) >= 3 * window and max(chunks) > window and all(c >= 1 for c in chunks)
+        # The prefill comes where the window - 1 tokens read back before it wrap around the buffer.
+        seen = sum(chunks[:chunks.index(max(chunks))])
+        assert seen > window and seen % window not in (0, window - 1)
 
 
 def test_a_different_correct_solution_passes(grade_source):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from graders.engine.manifest import find
+from graders.practice.notebook import grade_notebook, stub_cell
 
 from conftest import needs_bwrap
 
@@ -115,14 +116,28 @@ def test_the_released_notebooks_hold_the_stub_and_no_reference_code(course):
         answer = {line.strip() for line in text.splitlines() if not line.startswith(("import ", "from "))} - \
             {line.strip() for line in kata.stub_path.read_text().splitlines()} - preamble - {"", '"""'}
         assert not answer & {line.strip() for line in released.splitlines()}, slug
-        assert "raise NotImplementedError" in released
+        solution, = (c for c in cells if c["metadata"].get("nbgrader", {}).get("solution"))
+        assert "".join(solution["source"]) == stub_cell(kata)   # what `kata start` gives
         assert "BEGIN HIDDEN TESTS" not in released
         source = json.loads((course / "source" / "ps1" / f"{kata.module}.ipynb").read_text())["cells"]
+        # The whole reference between the delimiters: a stock nbgrader, without the kit's config, clears it all.
+        cleared = "".join(source[1]["source"]).split("### BEGIN SOLUTION\n")[1].split("### END SOLUTION")[0]
+        assert cleared.strip() == text.strip()
         hidden = [c["metadata"]["nbgrader"]["grade_id"] for c in source if "BEGIN HIDDEN TESTS" in "".join(c["source"])]
         assert hidden, slug
         for grade_id in hidden:   # the cell stays (its points count), its code is gone
             cell = next(c for c in cells if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
             assert "check_cell" not in "".join(cell["source"])
+
+
+def test_an_untouched_release_is_not_started_and_the_source_solution_scores_full(course, zygotes):
+    course, _ = course
+    kata = find("softmax")
+    options = {"seed": 1, "device": "cpu", "zygote": zygotes(kata.framework)}
+    untouched = grade_notebook(kata, course / "submitted" / "bob" / "ps1" / "softmax.ipynb", **options)
+    assert untouched["status"] == "not-started"
+    source = grade_notebook(kata, course / "source" / "ps1" / "softmax.ipynb", **options)
+    assert (source["status"], source["score"]) == ("passed", kata.max_score)
 
 
 def test_autograde_again_keeps_the_scores_and_writes_the_kits_feedback(course):
@@ -131,3 +146,19 @@ def test_autograde_again_keeps_the_scores_and_writes_the_kits_feedback(course):
     assert again.stdout == first.stdout
     assert "softmax-overflow" in (course / "kata" / "ps1" / "carol" / "feedback.md").read_text()
     assert float(exported(course)["alice"]["raw_score"]) == sum(find(slug).max_score for slug in KATAS)
+
+
+def test_the_class_policy_applies_to_a_course(course):
+    """The policy flags of `kata grade` are the course's too, kept with its records."""
+    course, first = course
+    feedback = course / "kata" / "ps1" / "carol" / "feedback.md"
+    assert "Fix:" in feedback.read_text()
+    strict = run(KATA, "nbgrader", "autograde", course, "ps1", "--withhold-fixes", cwd=course)
+    assert strict.stdout == first.stdout   # the same scores: only what learners read changed
+    for _ in range(2):   # kept in the course's class file: a run without the flag keeps the rule
+        rules = json.loads((course / "kata" / "ps1" / ".kata" / "class.json").read_text())
+        assert rules["policy"]["withhold_fixes"] is True
+        assert "softmax-overflow" in feedback.read_text() and "Fix:" not in feedback.read_text()
+        run(KATA, "nbgrader", "autograde", course, "ps1", cwd=course)
+    run(KATA, "nbgrader", "autograde", course, "ps1", "--show-fixes", cwd=course)
+    assert "Fix:" in feedback.read_text()

@@ -65,6 +65,14 @@ def test_bundle_holds_no_answer_code(bundle):
     assert isolated(bundle, "import reference").returncode != 0
 
 
+def test_a_release_seed_is_never_a_grading_seed(tmp_path):
+    """Grading seeds lie in [2**31, 2**32) (tests/test_batch.py), release seeds below."""
+    for seed in (str(2**31), str(2**32), "-1"):
+        run = subprocess.run([str(KATA), "release", "--out", str(tmp_path / "b"), "--katas", "softmax", "--seed", seed],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and "--seed" in run.stderr and not (tmp_path / "b").exists(), run.stderr
+
+
 def test_bundle_needs_its_seed_and_refuses_reference_commands(bundle, tmp_path):
     assert bundle_kata(bundle, tmp_path, "start", "softmax").returncode == 0
     wrong_seed = bundle_kata(bundle, tmp_path, "check", "softmax", "--seed", str(SEED + 1))

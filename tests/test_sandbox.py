@@ -1,5 +1,9 @@
 """The sandbox and the adapter, below the graders: limits, forged replies, strict decoding."""
 import io
+import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -127,11 +131,11 @@ def test_frames_announcing_huge_sizes_are_refused_before_reading():
 
 
 def test_a_timed_out_worker_is_replaced(tmp_path):
-    source = "import time\ndef slow():\n    time.sleep(60)\ndef fast():\n    return 7\n"
+    source = "def slow():\n    while True:\n        pass\ndef fast():\n    return 7\n"
     learner, sandbox = learner_for(tmp_path, source, timeout_s=1)
     with sandbox:
         first_pid = sandbox.proc.pid
-        with pytest.raises(SandboxFailed, match="did not finish within 1 s"):
+        with pytest.raises(SandboxFailed, match="did not finish within 1 s of CPU time"):
             learner.slow()
         assert learner.fast() == 7
         assert sandbox.proc.pid != first_pid
@@ -150,16 +154,112 @@ def test_worker_environment_is_scrubbed_and_isolated(tmp_path, monkeypatch):
 
 def test_closed_stderr_and_a_killing_signal_are_handled(tmp_path):
     # A real fault: the worker is process 1 of its pid namespace, which ignores signals it sends itself.
-    source = ("import os, time\ndef close_and_wait():\n    os.close(2)\n    time.sleep(60)\n"
+    source = ("import os\ndef close_and_loop():\n    os.close(2)\n    while True:\n        pass\n"
               "def segfault():\n    import ctypes\n    ctypes.string_at(0)\n")
     learner, sandbox = learner_for(tmp_path, source, timeout_s=1)
     with sandbox:
-        started = __import__("time").process_time()
-        with pytest.raises(SandboxFailed, match="did not finish within 1 s"):
-            learner.close_and_wait()
-        assert __import__("time").process_time() - started < 0.5   # waited, did not spin
+        started = time.process_time()
+        with pytest.raises(SandboxFailed, match="did not finish within 1 s of CPU time"):
+            learner.close_and_loop()
+        assert time.process_time() - started < 0.5   # waited, did not spin
         with pytest.raises(SandboxFailed, match="killed by SIGSEGV"):
             learner.segfault()
+
+
+def _busy_loops(cpu, n):
+    """``n`` processes that spin on core ``cpu``, each started and pinned there when this returns."""
+    code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nprint(flush=True)\nwhile True:\n    pass\n"
+    # Each in a session of its own, as sandboxes are: with autogroups, the scheduler shares a core
+    # between sessions first.
+    loops = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+             for _ in range(n)]
+    for loop in loops:
+        loop.stdout.readline()
+    return loops
+
+
+@pytest.mark.serial   # four busy loops on a core: other tests' own timings would feel them
+def test_a_loaded_machine_costs_no_points(tmp_path):
+    # A correct call that does 0.3 s of CPU work (printing a lot) on one core shared with four busy
+    # loops gets a fifth of it: about 1.5 s of wall time, past a 1 s limit on the wall clock and
+    # well within 1 s of CPU time.
+    source = ("import time\ndef work():\n    started = time.process_time()\n"
+              "    while time.process_time() - started < 0.3:\n        print('x' * 80)\n    return 7\n")
+    learner, sandbox = learner_for(tmp_path, source, timeout_s=1)
+    mine = os.sched_getaffinity(0)
+    cpu = max(mine)
+    with sandbox:
+        sandbox.ensure_loaded()
+        loops = _busy_loops(cpu, 4)
+        try:
+            os.sched_setaffinity(sandbox.proc.pid, {cpu})
+            os.sched_setaffinity(0, {cpu})
+            started = time.monotonic()
+            assert learner.work() == 7
+            assert time.monotonic() - started > 1   # the wall clock alone would have stopped it
+        finally:
+            os.sched_setaffinity(0, mine)
+            for loop in loops:
+                loop.kill()
+                loop.wait()
+
+
+def test_cpu_is_charged_from_the_start_of_each_request(tmp_path):
+    # 0.6 s of CPU at import, then 0.3 s, 0.4 s and 0.3 s in calls: each request within its own
+    # limit. A child's time counts once: while it runs, and not again when its parent reaps it.
+    # The process's name in /proc/<pid>/stat is the learner's to choose (PR_SET_NAME): read from
+    # its first ")", the fields would shift and the CPU times be read from others.
+    source = ("import ctypes, os, time\nctypes.CDLL(None).prctl(15, b') R 0 0 0 0 0 0')\ndef burn(s):\n"
+              "    started = time.process_time()\n    while time.process_time() - started < s:\n        pass\n"
+              "def in_children(s):\n    for _ in range(2):\n        if (pid := os.fork()) == 0:\n"
+              "            burn(s / 2)\n            os._exit(0)\n        os.waitpid(pid, 0)\nburn(0.6)\n")
+    learner, sandbox = learner_for(tmp_path, source, timeout_s=0.5, import_timeout_s=1)
+    with sandbox:
+        assert learner.burn(0.3) is None
+        assert learner.in_children(0.4) is None
+        assert learner.burn(0.3) is None
+
+
+SPINNERS = {
+    "a loop": "def spin():\n    while True:\n        pass\n",
+    "a child process": ("import os\ndef spin():\n    if os.fork() == 0:\n        while True:\n            pass\n"
+                        "    os.wait()\n"),
+    # Each child burns 20 ms and exits between two samples: the kernel adds its time to its
+    # parent's (cutime) when the parent waits for it. The same for threads and their process.
+    "children that exit": ("import os, time\ndef spin():\n    while True:\n        if (pid := os.fork()) == 0:\n"
+                           "            started = time.process_time()\n"
+                           "            while time.process_time() - started < 0.02:\n                pass\n"
+                           "            os._exit(0)\n        os.waitpid(pid, 0)\n"),
+    "threads that end": ("import threading, time\ndef burn():\n    started = time.thread_time()\n"
+                         "    while time.thread_time() - started < 0.02:\n        pass\n"
+                         "def spin():\n    while True:\n        t = threading.Thread(target=burn)\n"
+                         "        t.start()\n        t.join()\n"),
+}
+
+
+@pytest.mark.parametrize("how", SPINNERS)
+def test_endless_work_is_stopped_at_the_cpu_limit(tmp_path, how):
+    learner, sandbox = learner_for(tmp_path, SPINNERS[how], timeout_s=0.5)
+    with sandbox:
+        with pytest.raises(SandboxFailed, match=r"did not finish within 0\.5 s of CPU time"):
+            learner.spin()
+
+
+WAITERS = {
+    "sleeps": "import time\ndef wait():\n    while True:\n        time.sleep(1)\n",
+    "blocks on a read": "import os\ndef wait():\n    r, w = os.pipe()\n    os.read(r, 1)\n",
+    "sleeps at import": "import time\ntime.sleep(60)\ndef wait():\n    pass\n",
+}
+
+
+@pytest.mark.parametrize("how", WAITERS)
+def test_code_that_waits_is_stopped_by_the_wall_clock_backstop(tmp_path, how):
+    learner, sandbox = learner_for(tmp_path, WAITERS[how], timeout_s=0.4, import_timeout_s=0.4)
+    with sandbox:
+        started = time.monotonic()
+        with pytest.raises(SandboxFailed, match=r"stopped after 2 s of wall-clock time, having used 0\.0 s"):
+            learner.wait()
+        assert time.monotonic() - started < 4
 
 
 def test_views_keep_their_strides_and_module_calls_are_recorded(tmp_path):

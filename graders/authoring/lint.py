@@ -78,7 +78,8 @@ UNSHIPPED = ("KATAS.md", "DESIGN.md")
 def check_citations(kata: Kata) -> tuple[bool, str]:
     """The kata's files cite only what ships with it (its own README), never the authors' pages."""
     paths = (kata.readme_path, kata.stub_path, kata.dir / "kata.toml", kata.reference_path, kata.grader_path,
-             kata.reference_path.with_name(f"{kata.module}_bugs.py"), kata.grader_path.with_name(f"{kata.module}_hidden.py"))
+             kata.reference_path.with_name(f"{kata.module}_bugs.py"), kata.grader_path.with_name(f"{kata.module}_hidden.py"),
+             kata.reference_path.with_name(f"{kata.module}_expected.py"))
     cited = sorted({f"{path.name} cites {page}" for path in paths if path.exists()
                     for page in UNSHIPPED if page in path.read_text(encoding="utf-8")})
     return not cited, ("its files cite only what ships (the kata's README)" if not cited else

@@ -17,15 +17,15 @@ import io
 import json
 import multiprocessing
 import os
-import secrets
 import signal
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine.manifest import ROOT, Kata
 from ..engine.plugin import check_entry, check_names, grader_files
+from . import rules
+from .rules import SELF_STUDY, ClassRules, Policy, atomic_write
 
 RECORDS = Path(".kata") / "records"
 HIDDEN_OUTPUT = "Hidden check failed."
@@ -46,8 +46,12 @@ class Pair:
 
 
 CLASS_FILES = ("grades.csv", "summary.md")   # OUT/<learner>/ must not land on these
-NO_SANDBOX = ("WARNING: graded with --no-sandbox: learner code ran without bubblewrap's sandbox, so it "
-              "could read the kit, other learners' files and OUT. These grades are not protected against cheating.")
+NO_SANDBOX = ("WARNING: graded with --no-sandbox: learner code ran without a sandbox, in a separate process only "
+              "(as root where no other user could read Python's installation), so it could read the kit, other "
+              "learners' files and OUT. These grades are not protected against cheating.")
+CONTAINER = ("Sandbox: container (--container): bubblewrap could not make namespaces in this grading container, "
+             "so learner code ran as an unprivileged user of the container, who can read neither the kit nor "
+             "the class's files, one user per grading process.")
 
 
 def learner_folders(submissions: Path) -> tuple[list[str], dict[str, str]]:
@@ -77,17 +81,6 @@ def learners(submissions: Path) -> list[str]:
     return learner_folders(submissions)[0]
 
 
-def atomic_write(path: Path, text: str):
-    """Write ``text`` so that readers see the old file or the new one, never half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _digest(paths) -> str:
     h = hashlib.sha256()
     for path in sorted(paths):
@@ -99,7 +92,8 @@ def kit_fingerprint(kata: Kata) -> str:
     """Changes whenever anything that decides this kata's grade changes: its manifest, grader,
     reference and oracles, or the engine. A run re-grades pairs graded by another kit."""
     files = [kata.dir / "kata.toml", *grader_files(kata), kata.reference_path,
-             kata.reference_path.with_name(f"{kata.module}_bugs.py"), *(ROOT / "graders" / "engine").glob("*.py")]
+             *(kata.reference_path.with_name(f"{kata.module}_{part}.py") for part in ("bugs", "expected")),
+             *(ROOT / "graders" / "engine").glob("*.py")]
     return _digest(p for p in files if p.is_file())
 
 
@@ -108,6 +102,13 @@ def submission_fingerprint(file: Path) -> str:
 
 
 # --- results for pairs the runner did not grade ---------------------------------------------------
+
+def _graded(result: dict) -> dict:
+    """What a replay must reproduce: the result without how long it took or where the file was."""
+    timing = ("duration_s", "file")
+    return {**{k: v for k, v in result.items() if k not in timing},
+            "checks": [{k: v for k, v in c.items() if k not in timing} for c in result["checks"]]}
+
 
 def unrun_result(kata: Kata, file: Path, status: str, message: str) -> dict:
     """A complete result in which every check failed for one reason (no file, a kit failure)."""
@@ -136,7 +137,7 @@ def _init_process():
     torch.set_num_threads(1)   # one process per core already
 
 
-def _grade_in_process(slug: str, file: str, seed: int, device: str, isolated: bool) -> dict:
+def _grade_in_process(slug: str, file: str, seeds: tuple[int, int], device: str, sandbox: str) -> dict:
     from ..engine import manifest
     from ..engine.runner import RunnerError, grade
     from ..engine.sandbox import Zygote
@@ -144,9 +145,11 @@ def _grade_in_process(slug: str, file: str, seed: int, device: str, isolated: bo
     kata = manifest.find(slug)
     if kata.framework not in _zygotes:
         cuda = kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
-        _zygotes[kata.framework] = Zygote([kata.framework], isolated=isolated, cuda=cuda, warm=True)
+        _zygotes[kata.framework] = Zygote([kata.framework], isolated=sandbox == "bwrap",
+                                          container=sandbox == "container", cuda=cuda, warm=True)
     try:
-        return grade(kata, Path(file), seed=seed, device=device, zygote=_zygotes[kata.framework])
+        return grade(kata, Path(file), seed=seeds[0], hidden_seed=seeds[1], device=device,
+                     zygote=_zygotes[kata.framework])
     except RunnerError as exc:
         return unrun_result(kata, Path(file), "error", f"The kit could not grade this file: {exc}")
 
@@ -155,19 +158,23 @@ def _grade_in_process(slug: str, file: str, seed: int, device: str, isolated: bo
 
 class Grading:
     def __init__(self, submissions: Path, out: Path, katas: list[Kata], *, jobs: int, force: bool,
-                 seed: int | None, device: str, show_hidden_diagnoses: bool, sandbox: bool = True,
-                 refused: dict | None = None):
-        """``sandbox``: grade under bwrap (False: --no-sandbox). ``refused``: (learner, slug) ->
-        a sentence, for files refused before grading (a notebook that could not be read, say)."""
+                 rules: ClassRules, device: str, show_hidden_diagnoses: bool, sandbox: str = "bwrap",
+                 refused: dict | None = None, only: list[str] | None = None):
+        """``rules``: the class's secret and policy (``rules.load_or_create``). ``sandbox``: grade
+        under bwrap ("bwrap"), as an unprivileged user of a grading container ("container": kata
+        grade --container) or in a process only ("process": --no-sandbox). ``refused``: (learner,
+        slug) -> a sentence, for files refused before grading (a notebook that could not be read,
+        say). ``only``: grade these learners alone (the class files still cover everyone graded
+        into OUT)."""
         self.submissions, self.out, self.katas = Path(submissions), Path(out), katas
         self.jobs, self.force, self.device = max(1, jobs), force, device
-        self.seed = secrets.randbelow(2**31) if seed is None else seed
+        self.rules, self.policy = rules, rules.policy
         self.show_hidden_diagnoses, self.sandbox = show_hidden_diagnoses, sandbox
         self.learners, self.refused_folders = learner_folders(self.submissions)
         self.refused = refused or {}
         self.kit = {k.slug: kit_fingerprint(k) for k in katas}
         self.pairs = [Pair(name, kata, self.submissions / name / kata.learner_file)
-                      for name in self.learners for kata in katas]
+                      for name in self.learners if only is None or name in only for kata in katas]
 
     def record_path(self, learner: str, slug: str) -> Path:
         return self.out / RECORDS / learner / f"{slug}.json"
@@ -183,13 +190,19 @@ class Grading:
         record = self.load_record(pair.learner, pair.kata.slug)
         return (record is not None and not record.get("kit_error")
                 and record.get("submission") == submission_fingerprint(pair.file)
-                and record.get("kit") == self.kit[pair.kata.slug])
+                and record.get("kit") == self.kit[pair.kata.slug]
+                and record.get("seeds") == list(self.seeds(pair)))   # graded under this class's secret
+
+    def seeds(self, pair: Pair) -> tuple[int, int]:
+        return self.rules.seeds(pair.learner, pair.kata.slug)
 
     def save(self, pair: Pair, fingerprint: str, result: dict):
         kit_error = result["status"] == "error" and any(
             c["message"].startswith("The kit could not grade") for c in result["checks"])
+        # What replays this grading exactly: the same file, kit and seeds (`kata grade --replay`).
         record = {"learner": pair.learner, "kata": pair.kata.slug, "submission": fingerprint,
-                  "kit": self.kit[pair.kata.slug], "kit_error": kit_error, "result": result}
+                  "kit": self.kit[pair.kata.slug], "seeds": list(self.seeds(pair)), "kit_error": kit_error,
+                  "result": result}
         atomic_write(self.record_path(pair.learner, pair.kata.slug), json.dumps(record, indent=1))
 
     def todo(self) -> list[Pair]:
@@ -209,37 +222,60 @@ class Grading:
             return "error", f"{name} is larger than {MAX_SUBMISSION_BYTES >> 20} MB, so it was not graded."
         return None
 
-    def run(self, pairs: list[Pair], progress=lambda pair, result: None):
-        """Grade ``pairs``, saving each as it finishes. A grading process that dies takes its
-        pairs with it: they are tried once more in a fresh pool, then recorded as kit errors."""
+    def run(self, pairs: list[Pair], progress=lambda pair, result: None, *, keep: bool = True):
+        """Grade ``pairs``, saving each as it finishes (``keep``; a replay does not). A grading
+        process that dies takes its pairs with it: they are tried once more in a fresh pool, then
+        recorded as kit errors."""
+        def finished(pair, fingerprint, result):
+            if keep:
+                self.save(pair, fingerprint, result)
+            progress(pair, result)
+
         graded = []
         for pair in pairs:
             refused = self.refusal(pair)
             if refused is None:
                 graded.append(pair)
                 continue
-            result = unrun_result(pair.kata, pair.file, *refused)
-            self.save(pair, submission_fingerprint(pair.file), result)
-            progress(pair, result)
-        attempts = Counter()
+            finished(pair, submission_fingerprint(pair.file), unrun_result(pair.kata, pair.file, *refused))
+        attempts = Counter()   # by label: a Pair holds its Kata, which is not hashable
         while graded:
-            broken = self._run_pool(graded, progress)
-            attempts.update(broken)
-            graded = [p for p in broken if attempts[p] < 2]
+            broken = self._run_pool(graded, finished)
+            attempts.update(p.label for p in broken)
+            graded = [p for p in broken if attempts[p.label] < 2]
             for pair in broken:
-                if attempts[pair] >= 2:
+                if attempts[pair.label] >= 2:
                     result = unrun_result(pair.kata, pair.file, "error", "The kit could not grade this file: "
                                           "its grading process died twice (see the instructor's log).")
-                    self.save(pair, submission_fingerprint(pair.file), result)
-                    progress(pair, result)
+                    finished(pair, submission_fingerprint(pair.file), result)
 
-    def _run_pool(self, pairs: list[Pair], progress) -> list[Pair]:
+    def replay(self) -> list[tuple[Pair, dict, bool | str]]:
+        """Grade this run's pairs again at the class's seeds, saving nothing: (pair, the result
+        now, True if it is the recorded one, else a sentence saying what differs) for each."""
+        now = {}
+        self.run(self.pairs, lambda pair, result: now.__setitem__(pair.label, result), keep=False)
+        return [(p, now[p.label], self._same_as_recorded(p, now[p.label])) for p in self.pairs]
+
+    def _same_as_recorded(self, pair: Pair, now: dict) -> bool | str:
+        record = self.load_record(pair.learner, pair.kata.slug)
+        if record is None:
+            return "never graded into OUT, so there is nothing to compare with."
+        before = record["result"]
+        if _graded(before) == _graded(now):
+            return True
+        why = ("the file changed since" if record.get("submission") != submission_fingerprint(pair.file) else
+               "the kit changed since" if record.get("kit") != self.kit[pair.kata.slug] else
+               "the class secret changed since" if record.get("seeds") != list(self.seeds(pair)) else
+               "same file, kit and seeds: please report this as a bug of the kit")
+        return f"DIFFERENT from the recorded {before['score']:g}/{before['max_score']:g} ({before['status']}): {why}."
+
+    def _run_pool(self, pairs: list[Pair], finished) -> list[Pair]:
         context = multiprocessing.get_context("spawn")
         broken = []
         with futures.ProcessPoolExecutor(min(self.jobs, len(pairs)), mp_context=context,
                                          initializer=_init_process) as pool:
             # The fingerprint is taken before grading: a file changed meanwhile is graded again.
-            running = {pool.submit(_grade_in_process, p.kata.slug, str(p.file), self.seed, self.device,
+            running = {pool.submit(_grade_in_process, p.kata.slug, str(p.file), self.seeds(p), self.device,
                                    self.sandbox):
                        (p, submission_fingerprint(p.file)) for p in pairs}
             try:
@@ -250,21 +286,21 @@ class Grading:
                     except futures.process.BrokenProcessPool:
                         broken.append(pair)
                         continue
-                    self.save(pair, fingerprint, result)
-                    progress(pair, result)
+                    finished(pair, fingerprint, result)
             except KeyboardInterrupt:
                 pool.shutdown(wait=True, cancel_futures=True)
                 for future, (pair, fingerprint) in running.items():
                     if future.done() and not future.cancelled() and future.exception() is None:
-                        self.save(pair, fingerprint, future.result())
+                        finished(pair, fingerprint, future.result())
                 raise
         return broken
 
     # --- the class files ------------------------------------------------------------------------
 
     def results(self) -> dict[str, dict[str, dict]]:
-        """learner -> slug -> result, for every kata graded in OUT (this run's and earlier ones)."""
-        return {name: {k.slug: r["result"] for k in self.all_katas()
+        """learner -> slug -> result as the class's policy grades it, for every kata graded in OUT
+        (this run's and earlier ones)."""
+        return {name: {k.slug: rules.apply(r["result"], self.policy) for k in self.all_katas()
                        if (r := self.load_record(name, k.slug)) is not None}
                 for name in self.learners}
 
@@ -279,17 +315,20 @@ class Grading:
         katas = self.all_katas()
         results = self.results()
         # A result graded without bwrap (now or in an earlier run) warns in every class file.
-        unsandboxed = any(r.get("sandbox") == "process" for by_kata in results.values() for r in by_kata.values())
+        modes = {r.get("sandbox") for by_kata in results.values() for r in by_kata.values()}
+        unsandboxed = "process" in modes
         atomic_write(self.out / "grades.csv", grades_csv(katas, results))
         for name, by_kata in results.items():
-            graded = gradescope_results(katas, by_kata, self.show_hidden_diagnoses)
+            graded = gradescope_results(katas, by_kata, self.show_hidden_diagnoses, self.policy)
             if unsandboxed:
                 graded["output"] = f"{NO_SANDBOX}\n{graded['output']}"
             atomic_write(self.out / name / "results.json", json.dumps(graded, indent=1))
             atomic_write(self.out / name / "feedback.md",
-                         feedback_md(name, katas, by_kata, self.show_hidden_diagnoses))
+                         feedback_md(name, katas, by_kata, self.show_hidden_diagnoses, self.policy))
         atomic_write(self.out / "summary.md", summary_md(katas, results, self.refused_folders,
-                                                         warning=NO_SANDBOX if unsandboxed else None))
+                                                         warning=NO_SANDBOX if unsandboxed else
+                                                         CONTAINER if "container" in modes else None,
+                                                         policy=self.policy))
 
 
 # --- renderings -----------------------------------------------------------------------------------
@@ -317,13 +356,14 @@ def grades_csv(katas: list[Kata], results: dict) -> str:
     return buf.getvalue()
 
 
-def _check_text(check: dict, kata: Kata, show_hidden_diagnoses: bool) -> str:
+def _check_text(check: dict, kata: Kata, show_hidden_diagnoses: bool, policy: Policy) -> str:
     """What a learner may read about one check."""
     if check["status"] == "passed":
         return ""
     code = check.get("diagnosis")
     diagnosis = kata.diagnoses.get(code) if code else None
-    said = [f"Diagnosis: {code}" + (f": {diagnosis.explain} Fix: {diagnosis.fix}" if diagnosis else "")] if code else []
+    explained = diagnosis and (f": {diagnosis.explain}" + ("" if policy.withhold_fixes else f" Fix: {diagnosis.fix}"))
+    said = [f"Diagnosis: {code}" + (explained or "")] if code else []
     if _hidden(check):
         if check["status"] == "skipped":
             return "Skipped."
@@ -334,31 +374,49 @@ def _check_text(check: dict, kata: Kata, show_hidden_diagnoses: bool) -> str:
     return _capped("\n".join(lines))
 
 
-def gradescope_results(katas: list[Kata], by_kata: dict, show_hidden_diagnoses: bool) -> dict:
+def _titles(result: dict, policy: Policy) -> dict[str, str]:
+    """check id -> how learners see it named: under ``hide_hidden`` a hidden check is only
+    "hidden check i of n", so its name says nothing of what it tries."""
+    hidden = [c["id"] for c in result["checks"] if _hidden(c)]
+    titles = {c["id"]: c["name"] for c in result["checks"]}
+    if policy.hide_hidden:
+        titles.update({cid: f"hidden check {i} of {len(hidden)}" for i, cid in enumerate(hidden, 1)})
+    return titles
+
+
+BANNED_NOTE = "Uses a banned API: under this class's rules the kata scores 0."
+
+
+def gradescope_results(katas: list[Kata], by_kata: dict, show_hidden_diagnoses: bool,
+                       policy: Policy = SELF_STUDY) -> dict:
     """One learner's grades in Gradescope's results.json format: a test per check."""
     tests, lines = [], []
     for kata in katas:
         result = by_kata.get(kata.slug)
         if result is None:
             continue
-        lines.append(f"{kata.slug}: {_num(result['score'])}/{_num(result['max_score'])} ({result['status']})")
+        lines.append(f"{kata.slug}: {_num(result['score'])}/{_num(result['max_score'])} ({result['status']})"
+                     + (f" {BANNED_NOTE}" if result.get("banned") else ""))
+        titles = _titles(result, policy)
         for i, check in enumerate(result["checks"], 1):
             if check["status"] == "skipped" and not _hidden(check):
                 continue   # a CUDA-only check on a CPU grader: worth nothing here
             # A file that could not be loaded failed every check for one reason: said once.
             output = (NOT_LOADED if result["status"] == "error" and i > 1
-                      else _check_text(check, kata, show_hidden_diagnoses))
-            tests.append({"name": f"{kata.slug}: {check['name']}", "number": f"{kata.order}.{i}",
+                      else _check_text(check, kata, show_hidden_diagnoses, policy))
+            later = policy.hide_hidden and _hidden(check)
+            tests.append({"name": f"{kata.slug}: {titles[check['id']]}", "number": f"{kata.order}.{i}",
                           "score": check["score"], "max_score": check["max_score"],
                           "status": "passed" if check["status"] == "passed" else "failed",
-                          "output": output, "visibility": "visible"})
+                          "output": output, "visibility": "after_due_date" if later else "visible"})
     return {"score": round(sum(r["score"] for r in by_kata.values()), 6),
             "execution_time": round(sum(r.get("duration_s") or 0 for r in by_kata.values()), 3),
             "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden",
             "tests": tests}
 
 
-def feedback_md(name: str, katas: list[Kata], by_kata: dict, show_hidden_diagnoses: bool) -> str:
+def feedback_md(name: str, katas: list[Kata], by_kata: dict, show_hidden_diagnoses: bool,
+                policy: Policy = SELF_STUDY) -> str:
     total = sum(r["score"] for r in by_kata.values())
     most = sum(r["max_score"] for r in by_kata.values())
     lines = [f"# Feedback for {name}", "", f"Total: **{_num(total)}/{_num(most)}** points.", ""]
@@ -378,22 +436,39 @@ def feedback_md(name: str, katas: list[Kata], by_kata: dict, show_hidden_diagnos
             first = result["checks"][0]["message"] if result["checks"] else ""
             lines += ["Your file could not be graded:", "", "```", _capped(first).replace("```", "'''"), "```", ""]
             continue
+        if result.get("banned"):
+            lines += [f"**{BANNED_NOTE}**", ""]
+        titles = _titles(result, policy)
         passed = [c for c in result["checks"] if c["status"] == "passed"]
         if passed:
-            lines += ["Passed: " + ", ".join(f"`{c['id']}`" for c in passed) + ".", ""]
+            named = [titles[c["id"]] if policy.hide_hidden and _hidden(c) else f"`{c['id']}`" for c in passed]
+            lines += ["Passed: " + ", ".join(named) + ".", ""]
         for check in result["checks"]:
             if check["status"] in ("passed", "skipped"):
                 continue
-            title = "a hidden check" if _hidden(check) else f"`{check['id']}`: {check['name']}"
+            if _hidden(check):
+                title = titles[check["id"]] if policy.hide_hidden else "a hidden check"
+            else:
+                title = f"`{check['id']}`: {check['name']}"
             lines += [f"### ✗ {title} ({_num(check['score'])}/{_num(check['max_score'])})", "", "```",
-                      _check_text(check, kata, show_hidden_diagnoses).replace("```", "'''"), "```", ""]
+                      _check_text(check, kata, show_hidden_diagnoses, policy).replace("```", "'''"), "```", ""]
     return "\n".join(lines)
 
 
-def summary_md(katas: list[Kata], results: dict, refused: dict | None = None, warning: str | None = None) -> str:
+def policy_text(policy: Policy) -> str:
+    said = [what for on, what in ((policy.banned_fails, "a banned API scores the kata 0"),
+                                  (policy.withhold_fixes, "feedback withholds the fixes"),
+                                  (policy.hide_hidden, ("hidden checks are unnamed to learners (Gradescope: "
+                                                        "shown after the due date)"))) if on]
+    text = "; ".join(said)
+    return f"{text[0].upper()}{text[1:]}." if said else "Self-study rules (no `kata grade` policy flag set)."
+
+
+def summary_md(katas: list[Kata], results: dict, refused: dict | None = None, warning: str | None = None,
+               policy: Policy = SELF_STUDY) -> str:
     n = len(results)
     lines = ["# Class summary", "", *([f"**{warning}**", ""] if warning else []),
-             f"{n} learner(s), {len(katas)} kata(s).", "",
+             f"{n} learner(s), {len(katas)} kata(s).", "", f"Policy: {policy_text(policy)}", "",
              "| kata | full score | pass rate | mean score | failed | not started | error | missing |",
              "|---|---|---|---|---|---|---|---|"]
     diagnoses, checks = Counter(), Counter()

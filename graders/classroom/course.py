@@ -2,11 +2,12 @@
 
 ``init`` writes a course directory: ``nbgrader_config.py`` and ``source/<assignment>/<kata>.ipynb``
 per kata. Each notebook is generated from the kata's files: the README; a solution cell holding
-the reference with every function body the stub leaves to the learner between ``### BEGIN
-SOLUTION`` / ``### END SOLUTION`` (so ``nbgrader generate_assignment`` releases the stub's
-signatures and docstrings and none of the reference's code); and one graded test cell per check,
-with the check's points, the hidden ones between ``### BEGIN HIDDEN TESTS`` / ``### END HIDDEN
-TESTS``.
+the whole reference between ``### BEGIN SOLUTION`` / ``### END SOLUTION``; and one graded test
+cell per check, with the check's points, the hidden ones between ``### BEGIN HIDDEN TESTS`` /
+``### END HIDDEN TESTS``. The config installs ``nbgrader_release.KataSolutions``, so that
+``nbgrader generate_assignment`` releases the solution cell as the kata's stub, what ``kata
+start`` gives; a stock nbgrader, without the config, releases its own code stub there. Either way
+no answer is released.
 
 ``autograde`` grades ``submitted/<student>/<assignment>/<kata>.ipynb`` with the kit, not with
 nbgrader's autograde: nbgrader would execute the learner's cells in the same kernel as the test
@@ -17,7 +18,6 @@ formgrader show them.
 """
 from __future__ import annotations
 
-import ast
 import json
 import tempfile
 import warnings
@@ -26,11 +26,16 @@ from pathlib import Path
 from ..engine.manifest import Kata
 from ..engine.plugin import check_names, hidden_grader
 from ..practice.notebook import cell, document, marker, solution_source
+from . import rules
 from .batch import learners
 
 CONFIG = '''c = get_config()  # noqa: F821  (nbgrader's config file)
 c.CourseDirectory.course_id = {course!r}
 c.CourseDirectory.db_url = "sqlite:///gradebook.db"
+
+# A kata's solution cell is released as the kata's stub: the source cell holds the whole reference.
+from graders.classroom.nbgrader_release import preprocessors  # noqa: E402
+c.GenerateAssignment.preprocessors = preprocessors()
 '''
 
 
@@ -41,50 +46,16 @@ def _nbgrader(grade_id: str, *, solution=False, grade=False, locked=False, point
     return {"nbgrader": meta}
 
 
-def _left_to_learner(stub: str) -> set[str]:
-    """Qualified names of the stub's functions whose body raises NotImplementedError."""
-    names = set()
-
-    def visit(node, prefix=""):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef):
-                visit(child, f"{prefix}{child.name}.")
-            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                if any(isinstance(n, ast.Raise) and "NotImplementedError" in ast.unparse(n) for n in ast.walk(child)):
-                    names.add(prefix + child.name)
-
-    visit(ast.parse(stub))
-    return names
+def solution_id(kata: Kata) -> str:
+    """The grade id of the kata's solution cell."""
+    return f"{kata.slug}-solution"
 
 
 def solution_cell_source(kata: Kata) -> str:
-    """The reference, each function body the stub leaves to the learner (after its docstring)
-    between solution delimiters, indented like the body."""
-    reference = kata.reference_path.read_text(encoding="utf-8")
-    todo = _left_to_learner(kata.stub_path.read_text(encoding="utf-8"))
-    lines = reference.splitlines()
-    regions = []   # (first line, last line, indent), 1-based, inclusive
-
-    def visit(node, prefix=""):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef):
-                visit(child, f"{prefix}{child.name}.")
-            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and prefix + child.name in todo:
-                documented = ast.get_docstring(child) is not None
-                body = child.body[1:] if documented else child.body
-                if body:
-                    first = min([body[0].lineno] + [d.lineno for d in getattr(body[0], "decorator_list", [])])
-                    indent = lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())]
-                    # The comments above the first statement explain the solution: they go too.
-                    above = child.body[0].end_lineno if documented else child.lineno
-                    while first - 1 > above and lines[first - 2].strip().startswith("#"):
-                        first -= 1
-                    regions.append((first, child.end_lineno, indent))
-
-    visit(ast.parse(reference))
-    for first, last, indent in sorted(regions, reverse=True):
-        lines[first - 1:last] = [f"{indent}### BEGIN SOLUTION", *lines[first - 1:last], f"{indent}### END SOLUTION"]
-    return "\n".join(lines) + "\n"
+    """The source notebook's solution cell: the marker line, then the whole reference between
+    solution delimiters."""
+    reference = kata.reference_path.read_text(encoding="utf-8").rstrip()
+    return f"{marker(kata)}\n### BEGIN SOLUTION\n{reference}\n### END SOLUTION\n"
 
 
 def course_notebook(kata: Kata) -> dict:
@@ -92,8 +63,7 @@ def course_notebook(kata: Kata) -> dict:
     hidden = check_names(hidden_grader(kata)) if hidden_grader(kata).exists() else {}
     names = {**check_names(kata.grader_path), **hidden}
     cells = [cell("markdown", f"{kata.slug}-task", kata.readme_path.read_text(encoding="utf-8")),
-             cell("code", f"{kata.slug}-solution", marker(kata) + "\n" + solution_cell_source(kata),
-                  _nbgrader(f"{kata.slug}-solution", solution=True))]
+             cell("code", solution_id(kata), solution_cell_source(kata), _nbgrader(solution_id(kata), solution=True))]
     for cid, points in kata.checks.items():
         call = (f"# {names.get(cid, cid)} ({points:g} point(s)): graded by the kit, in its sandbox.\n"
                 f"from graders.practice.notebook import check_cell\ncheck_cell({kata.slug!r}, {cid!r})")
@@ -132,9 +102,10 @@ def submissions(course: Path, assignment: str, katas: list[Kata]) -> dict[str, d
     return found
 
 
-def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sandbox: bool = True,
-              progress=lambda pair, result: None):
-    """Grade the submitted notebooks with the kit and write the scores into nbgrader's gradebook."""
+def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sandbox: str = "bwrap",
+              policy: dict | None = None, progress=lambda pair, result: None):
+    """Grade the submitted notebooks with the kit and write the scores into nbgrader's gradebook.
+    ``policy``: the class's policy flags (see ``rules``), kept with the course's records."""
     from nbgrader.api import Gradebook, MissingEntry
 
     from .batch import Grading
@@ -156,8 +127,8 @@ def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sa
                     source = None
                 if source is not None:
                     (subs / student / kata.learner_file).write_text(source, encoding="utf-8")
-        run = Grading(subs, out, katas, jobs=jobs, force=False, seed=None, device="cpu",
-                      show_hidden_diagnoses=False, sandbox=sandbox, refused=refused)
+        run = Grading(subs, out, katas, jobs=jobs, force=False, rules=rules.load_or_create(out, **(policy or {})),
+                      device="cpu", show_hidden_diagnoses=False, sandbox=sandbox, refused=refused)
         run.run(run.todo(), progress)
         run.write_class_files()
         results = run.results()

@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..engine.manifest import ROOT, Kata
+from .rules import ClassRules
 
 SETUP_SH = r"""#!/usr/bin/env bash
 # Run once by Gradescope, as root, while it builds the grading image: a Python >= 3.11 with venv,
@@ -48,7 +49,9 @@ if [ -z "$py" ]; then
     fi
 fi
 
-# Learner code runs in bubblewrap's sandbox: `kata grade` refuses to run without it.
+# Learner code runs in bubblewrap's sandbox, or where this container refuses the namespaces bwrap
+# makes (Docker's default seccomp profile), as an unprivileged user of the container (see
+# run_autograder's `kata grade --container`).
 if ! command -v bwrap >/dev/null; then
     apt-get update -q && apt-get install -y -q bubblewrap
 fi
@@ -60,6 +63,14 @@ torch="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["torch"]
 index="${KATA_TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}"
 "$venv/bin/python" -m pip install -q ${index:+--index-url "$index"} "torch==$torch"
 "$venv/bin/python" -m pip install -q "$root"/source/*.whl
+# That user must not read the kit as installed (references, graders, compiled copies, metadata),
+# nor its wheel: root only. Python, torch and NumPy stay readable; the sandbox's zygote, started
+# as root, reads the worker's source before each worker drops to that user.
+"$venv/bin/python" -I -c 'import os
+from graders.engine.sandbox import kit_files
+for path in kit_files():
+    os.chmod(path, os.stat(path).st_mode & 0o700)'
+chmod -R go-rwx "$root/source"
 "$venv/bin/kata" --version
 """
 
@@ -72,6 +83,7 @@ set -u
 root="${KATA_AUTOGRADER_ROOT:-/autograder}"
 results="$root/results/results.json"
 mkdir -p "$root/results"
+chmod 700 "$root/results"   # learner code, run as another user, must not replace the results
 
 fallback() {   # $1: a fixed sentence (no quotes or backslashes: it is written into JSON as is)
     printf '{"score": 0, "output": "%s", "visibility": "visible", "stdout_visibility": "hidden"}\n' \
@@ -91,7 +103,7 @@ katas="$("$root/venv/bin/python" -c 'import json, sys; print(",".join(json.load(
 
 # The source holds the kit's wheel, reference included: learner code, which `kata grade` runs as
 # an unprivileged user when we are root, must not read it. mktemp -d makes a root-only folder for
-# the copy of the submission and the grades.
+# the copy of the submission and the grades (--container checks all this, and refuses otherwise).
 chmod -R go-rwx "$root/source"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -101,9 +113,14 @@ if [ -d "$root/submission" ]; then
 fi
 # `kata grade` reads the files as root: a submitted symlink to the reference must not count.
 find "$work/submissions" -type l -delete
+# The class's secret and policy: every re-run of a submission draws the same inputs.
+mkdir -p "$work/out/.kata" && cp "$root/source/class.json" "$work/out/.kata/class.json"
 
-"$root/venv/bin/kata" grade "$work/submissions" --out "$work/out" --katas "$katas"
+# --container: this container is thrown away after grading; where its seccomp profile refuses
+# bwrap's namespaces, learner code runs as an unprivileged user of the container instead.
+"$root/venv/bin/kata" grade "$work/submissions" --out "$work/out" --katas "$katas" --container
 status=$?
+[ -f "$work/out/summary.md" ] && cat "$work/out/summary.md"   # the autograder's output: instructors only
 graded="$work/out/submission/results.json"
 if [ "$status" -ne 0 ] || [ ! -s "$graded" ]; then
     fallback "Grading failed (kata grade exit status $status) before it wrote your results. Please tell your instructor."
@@ -160,8 +177,10 @@ def _add(zf: zipfile.ZipFile, name: str, data: str | bytes, mode: int):
     zf.writestr(info, data)
 
 
-def build(out: Path, katas: list[Kata]) -> dict:
-    """Write the autograder zip to ``out`` (atomically); returns what went in it."""
+def build(out: Path, katas: list[Kata], rules: ClassRules) -> dict:
+    """Write the autograder zip to ``out`` (atomically); returns what went in it. ``rules`` (the
+    class's secret and policy) travel as class.json: every re-run of a submission draws the
+    same inputs, and learners never see it (source/ is root-only while grading)."""
     config = {"katas": [k.slug for k in katas], "torch": torch_version(),
               "kit": metadata.version("attention-katas")}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -172,6 +191,7 @@ def build(out: Path, katas: list[Kata]) -> dict:
             _add(zf, "setup.sh", SETUP_SH, 0o755)
             _add(zf, "run_autograder", RUN_AUTOGRADER, 0o755)
             _add(zf, "config.json", json.dumps(config, indent=2) + "\n", 0o644)
+            _add(zf, "class.json", rules.to_json(), 0o600)
             _add(zf, wheel.name, wheel.read_bytes(), 0o644)
         os.replace(partial, out)
     return {**config, "wheel": wheel.name, "size": out.stat().st_size}

@@ -9,7 +9,6 @@ bundle is ``graders/engine/bundle.py``.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from importlib import metadata
@@ -22,33 +21,13 @@ from ..engine.plugin import check_names, hidden_grader
 from ..engine.recording import Store
 from ..engine.runner import grade
 from ..engine.sandbox import Zygote
+from .rules import RELEASE_SEEDS
 
-DEFAULT_SEED = 0   # `kata release`'s seed when none is given
+DEFAULT_SEED = 0   # `kata release`'s seed when none is given; release seeds are below RELEASE_SEEDS
 
 
 class ReleaseError(Exception):
     """The bundle could not be built (the message says why)."""
-
-
-def _released_path() -> Path:
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "attention-katas" / "released-seeds.json"
-
-
-def released_seeds() -> set[int]:
-    """Seeds that bundles released by this user recorded, and the default one: a bundle holds
-    its public checks' expected values at that seed, an answer key for grading at it."""
-    try:
-        seeds = json.loads(_released_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        seeds = []
-    return {DEFAULT_SEED, *(s for s in seeds if type(s) is int)} if isinstance(seeds, list) else {DEFAULT_SEED}
-
-
-def remember_release(seed: int):
-    path = _released_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(sorted(released_seeds() | {seed})), encoding="utf-8")
 
 
 def hidden_checks(kata: Kata) -> dict[str, str]:
@@ -58,12 +37,14 @@ def hidden_checks(kata: Kata) -> dict[str, str]:
 
 
 def build(out: Path, katas: list[Kata], *, seed: int, progress=lambda text: None) -> None:
-    """Write a bundle of ``katas`` to ``out`` (missing or empty), recorded at ``seed``."""
+    """Write a bundle of ``katas`` to ``out`` (missing or empty), recorded at ``seed``: one below
+    RELEASE_SEEDS, so that it is never a class's grading seed (see ``rules``)."""
+    if not 0 <= seed < RELEASE_SEEDS:
+        raise ReleaseError(f"a release seed lies in [0, {RELEASE_SEEDS}): grading seeds lie above it.")
     if out.exists() and any(out.iterdir()):
         raise ReleaseError(f"{out} is not empty: choose a new folder for the bundle.")
     if bundle_info() is not None:
         raise ReleaseError(NO_REFERENCE.format(command="release"))
-    remember_release(seed)   # first: even a bundle that fails half-way may have been copied
     _copy_kit(out, katas)
     (out / "graders" / "recorded").mkdir()
     with Zygote({k.framework for k in katas}, isolated=None, warm=True) as zygote, tempfile.TemporaryDirectory(prefix="kata-release-") as tmp:

@@ -9,8 +9,9 @@ Format 1, every key::
     framework = "numpy"             # numpy | torch | python
     summary = "one line"            # optional
     banned = ["torch.softmax"]      # optional: library shortcuts the kata forbids
-    timeout_s = 10                  # optional: per check
-    import_timeout_s = 10           # optional: running the learner's file at import
+    timeout_s = 10                  # optional: CPU seconds per call (the whole process tree's;
+                                    # a wall-clock backstop is 5x, see sandbox.Budget)
+    import_timeout_s = 10           # optional: the same, for running the learner's file at import
     memory_mb = 2048                # optional: the sandbox's memory cap
     minutes = 15                    # optional: time to solve it in a mock interview
     plots = ["heatmaps"]            # optional: what `kata plot` draws from the learner's code

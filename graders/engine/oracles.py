@@ -9,10 +9,15 @@ own output on those inputs cannot be told apart there and is never named.
 Graders reach the reference and the bugs only through ``Bugs``: ``bugs.reference`` and each
 ``impl`` are ``Oracle`` proxies whose calls go through a ``Book`` (see recording.py), so a
 student bundle can replay them without the code. There ``Bugs`` imports nothing from reference/.
+
+``bugs.expected`` is such a proxy too, of ``reference/<module>_expected.py``: the expected values
+a grader writes out by hand, apart from the reference (the band a mask must be, RoPE as complex
+numbers). They are answers as much as the reference is, so they stay out of bundles with it.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,12 +36,16 @@ class Bugs:
         self.book = book or Book()
         if self.book.replaying:
             self.reference = Oracle(self.book, "reference", None)
+            self.expected = Oracle(self.book, "expected", None)
             self.impls = {name: Oracle(self.book, name, None) for name in codes}
             return
         module = importlib.import_module(f"reference.{kata.module}")
         self.module = importlib.import_module(f"reference.{kata.module}_bugs")
         public = {k: v for k, v in vars(module).items() if not k.startswith("_")}
         self.reference = Oracle(self.book, "reference", module)
+        expected = f"reference.{kata.module}_expected"
+        self.expected = Oracle(self.book, "expected", importlib.import_module(expected)
+                               if importlib.util.find_spec(expected) else SimpleNamespace())
         self.overrides = {name: overrides for code, variants in self.module.BUGS.items()
                           for name, overrides in _variants(code, variants)}
         self.impls = {name: Oracle(self.book, name, SimpleNamespace(**{**public, **overrides}))

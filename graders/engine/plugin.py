@@ -10,6 +10,9 @@ Hidden checks live in ``graders/<module>_hidden.py`` (a separate file, so a stud
 them out whole); their ``rng`` is seeded from the run's ``hidden_seed``, fresh for each grading.
 In a bundle (``release`` given) the hidden checks and the checks it recorded no values for are
 reported as skipped, and the ``bugs`` fixture replays recorded oracle values.
+
+One session may hold several gradings of the file, at other seeds (``runner.grade_seeds``): the
+checks run once per grading, each time with fixtures of their own.
 """
 from __future__ import annotations
 
@@ -26,7 +29,6 @@ from .failures import CheckFailed
 from .learner import Learner
 from .manifest import Kata
 from .oracles import Bugs
-from .recording import Book
 
 RUN = pytest.StashKey["GradingPlugin"]()
 
@@ -103,13 +105,16 @@ def device(request):
 
 
 class GradingPlugin:
-    def __init__(self, kata: Kata, sandbox, *, seed: int, device: str, hidden_seed: int, book: Book,
-                 release: dict | None = None, trace=None):
-        self.kata, self.sandbox, self.seed, self.device = kata, sandbox, seed, device
-        self.hidden_seed, self.book, self.release = hidden_seed, book, release
-        self.adapter = Learner(sandbox, device=device, seed=seed, trace=trace)
-        self.reports: dict[str, dict] = {}
+    def __init__(self, kata: Kata, gradings: list, *, device: str, release: dict | None = None, trace=None):
+        """``gradings``: the gradings of one file (runner.Grading) whose checks this session runs."""
+        self.kata, self.gradings, self.device, self.release, self.trace = kata, gradings, device, release, trace
         self.problems: list[str] = []
+
+    def _bind(self, grading):
+        """The checks from here on grade ``grading``: its learner, seeds and Book, its reports."""
+        self.seed, self.hidden_seed, self.book = grading.seed, grading.hidden_seed, grading.book
+        self.reports = grading.reports
+        self.adapter = Learner(grading.sandbox, device=self.device, seed=grading.seed, trace=self.trace)
 
     # --- hooks ------------------------------------------------------------------------------
 
@@ -124,6 +129,25 @@ class GradingPlugin:
         if report.failed:
             self.problems.append(f"the grader {self.kata.grader_path.name} could not be collected:\n"
                                  f"{report.longreprtext}")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session):
+        """Every check once per grading, in the grader's order. A grading's last check tears every
+        fixture down, session-scoped ones too: the next grading sets them up afresh, on its own
+        learner, in a sandbox of its own that was forked while this one ran."""
+        if session.testsfailed:
+            return None   # pytest's own loop reports the collection error
+        for grading, following in zip(self.gradings, [*self.gradings[1:], None]):
+            grading.start()
+            if following is not None:
+                following.open()
+            self._bind(grading)
+            try:
+                for item, nextitem in zip(session.items, [*session.items[1:], None]):
+                    item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+            finally:
+                grading.finish()
+        return True
 
     def pytest_collection_modifyitems(self, items):
         found = [check_id(item) for item in items]

@@ -1,8 +1,9 @@
 """Recorded oracle values: how a student bundle grades without the reference.
 
-Every value a grader takes from the reference or a bug oracle comes from one call through
-``Book.call``: an oracle entry (``bugs.reference.softmax(x, axis=1)``) or a grader helper marked
-``@recorded`` that is given oracle entries (``trusted(impl.MultiHeadSelfAttention, sd, H, x)``).
+Every value a grader takes from the reference, a bug oracle or the expected values kept beside
+them comes from one call through ``Book.call``: an oracle entry (``bugs.reference.softmax(x,
+axis=1)``, ``bugs.expected.band(6, 9, 3)``) or a grader helper marked ``@recorded`` that is given
+oracle entries (``trusted(impl.MultiHeadSelfAttention, sd, H, x)``).
 Its key is a hash of what was called and of its arguments, canonicalised (arrays and tensors by
 dtype, shape and bytes; dicts, lists, numbers, strings). Graders build those arguments from their
 seeded RNG only, never from the learner's output, so the same call comes back in a bundle at the

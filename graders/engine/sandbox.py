@@ -5,13 +5,17 @@ else; it forks one worker per learner file, so a sandbox costs a fork, not an in
 Where bubblewrap is installed the zygote runs inside ``bwrap`` (see bwrap.py: a read-only view of
 Python and the worker's packages, nothing of the kit, the checkout or the class) and forks each
 worker into fresh pid, mount, network, IPC and UTS namespaces with private, size-capped /tmp and
-/dev/shm; without it ("process" containment, for `kata check` or `--no-sandbox`) the worker only
-runs in a session of its own and, as root, as an unprivileged user.
+/dev/shm. Without it the worker runs in a session of its own and, as root, as an unprivileged user:
+"container" containment in a throwaway grading container that refuses bwrap's namespaces (`kata
+grade --container`, on Gradescope), where the container is the boundary and that user can read
+neither the kit nor the class (``container_problem``); "process" containment for `kata check` or
+`--no-sandbox`, where the worker stays root if that user cannot read Python.
 
 One ``Sandbox`` serves one learner file, with a scrubbed environment, a data-size limit, a cap on
-the memory of its whole process tree and a per-request deadline. A request that outlives its
-deadline, a worker that dies or that sends something that is not a well-formed, bounded reply
-gets the worker killed; the next request forks a fresh worker.
+the memory of its whole process tree and per-request time limits: CPU time of that tree, with a
+wall-clock backstop (see ``Budget``). A request past a limit, a worker that dies or that sends
+something that is not a well-formed, bounded reply gets the worker killed; the next request forks
+a fresh worker.
 """
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ from . import worker as wire
 WORKER = Path(wire.__file__)
 STARTUP_TIMEOUT_S = 120.0   # importing torch on a cold, busy machine
 MAX_TIMEOUTS = 2
+WALL_BACKSTOP = 5   # a request's wall-clock limit, in multiples of its CPU time limit (see Budget)
+SAMPLE_S = 0.05     # how often the trusted side looks at a running request's memory and CPU time
 # As root, each trusted process gives its sandboxes a user of their own (uid = gid, no name
 # needed), so two sandboxes never share a user that could signal or trace the other.
 SANDBOX_UID_BASE, SANDBOX_UIDS = 20000, 40000
@@ -45,6 +51,19 @@ class SandboxError(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
+
+
+class TimedOut(SandboxError):
+    """A request ran past its CPU time (``clock`` "cpu") or its wall-clock backstop ("wall");
+    ``finding`` is the message without the hint at its end."""
+
+    HINTS = {"cpu": "an endless loop, or work far too slow for these small inputs",
+             "wall": "it waits rather than computes (time.sleep, a blocked read or lock), "
+                     "or the machine is overloaded"}
+
+    def __init__(self, clock: str, finding: str):
+        super().__init__("timeout", f"{finding}: {self.HINTS[clock]}.")
+        self.clock, self.finding = clock, finding
 
 
 class LoadError(Exception):
@@ -66,7 +85,46 @@ def scrubbed_env(tmp: str) -> dict:
 
 
 class SandboxUnusable(Exception):
-    """The sandbox cannot run here (its user cannot read Python's own files)."""
+    """The sandbox cannot run here (its user cannot read Python's own files, or, in a grading
+    container, could read the kit's)."""
+
+
+def _allowed(uid: int, op: str, paths) -> list[str]:
+    """Which of ``paths`` the user ``uid`` may ``op``: "list" (a folder's names), "read" (open a
+    file or folder for reading) or "reach" (look it up: a missing path counts when the folder that
+    would hold it is open to that user)."""
+    paths = list(dict.fromkeys(map(str, paths)))
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # only os calls here: nothing else runs in the forked copy of this process
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            for i, path in enumerate(paths):
+                try:
+                    if op == "list":
+                        os.listdir(path)
+                    elif op == "read":
+                        os.close(os.open(path, os.O_RDONLY))
+                    else:
+                        os.stat(path)
+                except FileNotFoundError:
+                    allowed = op == "reach"
+                except OSError:
+                    allowed = False
+                else:
+                    allowed = True
+                if allowed:
+                    os.write(write_end, b"%d\n" % i)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        found = [paths[int(i)] for i in f.read().split()]
+    os.waitpid(pid, 0)
+    return found
 
 
 def unreadable_for(uid: int) -> list[str]:
@@ -80,25 +138,51 @@ def unreadable_for(uid: int) -> list[str]:
     folders |= {str(Path(numpy.__file__).parent)}
     if "torch" in sys.modules:
         folders.add(str(Path(sys.modules["torch"].__file__).parent))
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:   # only os calls here: nothing else runs in the forked copy of this process
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            for folder in sorted(folders):
-                try:
-                    os.listdir(folder)
-                except OSError:
-                    os.write(write_end, folder.encode() + b"\n")
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as f:
-        lines = f.read().decode().splitlines()
-    os.waitpid(pid, 0)
-    return lines
+    return sorted(folders - set(_allowed(uid, "list", folders)))
+
+
+def kit_files() -> list[Path]:
+    """The kit's own files, which no sandbox may read: its folders (references, graders,
+    manifests) and all they hold, cli.py, what its distribution installed (RECORD: compiled
+    copies, metadata, the `kata` script) and, in a checkout, its .git and build/ folders."""
+    import importlib.metadata
+
+    from .manifest import ROOT
+
+    files = [path for top in ("reference", "graders", "katas") if (ROOT / top).is_dir()
+             for path in [ROOT / top, *(ROOT / top).rglob("*")]]
+    files += [ROOT / "cli.py", *ROOT.glob("__pycache__/cli.*.pyc")]
+    if (ROOT / "pyproject.toml").is_file():   # a checkout (ROOT is site-packages once installed)
+        files += [ROOT / ".git", ROOT / "build"]
+    try:
+        dist = importlib.metadata.distribution("attention-katas")
+    except importlib.metadata.PackageNotFoundError:   # a checkout that was never installed
+        dist = None
+    for record in (dist.files or ()) if dist else ():
+        path = Path(dist.locate_file(record)).resolve()
+        files += [path, path.parent] if record.parts[0].endswith(".dist-info") else [path]
+    return [path for path in dict.fromkeys(files) if path.exists()]
+
+
+def container_problem(private=()) -> str | None:
+    """Why the grading container cannot be the sandbox's boundary here, else None. Learner code
+    then runs as an unprivileged user, so this process must be root; that user must read
+    Python's installation, and must neither read the kit's files (``kit_files``) nor reach the
+    ``private`` folders (the class's SUBMISSIONS and OUT)."""
+    if os.geteuid() != 0:
+        return ("without bubblewrap, --container runs learner code as an unprivileged user of the "
+                "container, so kata grade must run as root there")
+    try:
+        uid = sandbox_uid(isolated=False)
+    except SandboxUnusable as exc:
+        return str(exc)
+    exposed = _allowed(uid, "read", kit_files()) + _allowed(uid, "reach", private)
+    if exposed:
+        shown = ", ".join(exposed[:3]) + (f" and {len(exposed) - 3} more" if len(exposed) > 3 else "")
+        return (f"learner code would run as an unprivileged user who could reach {shown}. Make the kit's "
+                "installed files and the class's folders readable by root only (the Gradescope "
+                "autograder's setup.sh and run_autograder do), and run again")
+    return None
 
 
 def sandbox_uid(isolated: bool = True) -> int | None:
@@ -122,10 +206,14 @@ def sandbox_uid(isolated: bool = True) -> int | None:
     return uid
 
 
-def containment() -> tuple[str, str | None]:
-    """("bwrap", None) where bubblewrap can make sandboxes here, else ("process", why not)."""
+def containment(container: bool = False) -> tuple[str, str | None]:
+    """("bwrap", None) where bubblewrap can make sandboxes here, else (mode, why not): "container"
+    when told that this is a throwaway grading container (`kata grade --container`; see
+    ``container_problem`` for when it may be), else "process"."""
     problem = bwrap.problem()
-    return ("process", problem) if problem else ("bwrap", None)
+    if problem is None:
+        return "bwrap", None
+    return ("container" if container else "process"), problem
 
 
 def fallback_note() -> str | None:
@@ -145,27 +233,34 @@ class Zygote:
     """The warm parent of this process's sandbox workers (see ``worker.zygote``).
 
     ``isolated``: run it under bwrap (True), without (False), or under bwrap where it can be had
-    (None); ``note`` then says, in one line, why it could not (see ``fallback_note``). ``warm``:
-    the zygote also loads what every sandbox would otherwise load for itself (for many sandboxes).
+    (None); ``note`` then says, in one line, why it could not (see ``fallback_note``). Without
+    bwrap, ``container``: the grading container is the boundary (see ``container_problem``),
+    learner code must run as an unprivileged user; otherwise it runs as root where that user
+    cannot read Python. ``containment`` names the mode, as results do: "bwrap", "container" or
+    "process". ``warm``: the zygote also loads what every sandbox would otherwise load for itself
+    (for many sandboxes).
 
     Requests and replies alternate on one socket: a fork's reply (the child's pid) is read when
     first needed, so the zygote's ``import torch`` overlaps the caller's own imports. A zygote that
     died is started again on the next fork."""
 
-    def __init__(self, frameworks=("numpy", "torch"), *, isolated: bool | None = True, cuda: bool = False,
-                 warm: bool = False):
+    def __init__(self, frameworks=("numpy", "torch"), *, isolated: bool | None = True, container: bool = False,
+                 cuda: bool = False, warm: bool = False):
         self.frameworks = ",".join(sorted(set(frameworks) | {"numpy"}))
         self.note = None
         if isolated is None:   # self-study: bwrap where it can be had, else a note and the fallback
             self.note = fallback_note()
             isolated = self.note is None
         self.isolated, self.cuda, self.warm = isolated, cuda, warm
+        self.containment = "bwrap" if isolated else "container" if container else "process"
         try:
             self.uid = sandbox_uid(isolated)
         except SandboxUnusable:
-            if self.note is None:
+            if self.containment == "container":
                 raise
-            self.uid = None
+            self.uid = None   # root: self-study's fallback (its note says so) or --no-sandbox, as asked
+        if self.containment == "container" and self.uid is None:
+            raise SandboxUnusable(container_problem())
         self.proc = None
         self.pending = None   # the ForkedProcess whose pid reply is not read yet
 
@@ -312,6 +407,65 @@ class ForkedProcess:
         return pids
 
 
+class CpuMeter:
+    """The CPU time a worker's process tree spent since the first sample, from the kernel's own
+    accounting in /proc/<pid>/stat, which the learner's code cannot write: each process's own time
+    (utime + stime: its threads', ended ones too) and that of the children it waited for (cutime +
+    cstime).
+
+    A child that ends between two samples is counted all the same: waiting for it adds its whole
+    time to its parent's, less what was counted of it while it ran (``owed``), so nothing counts
+    twice. Only a child that the kernel reaps without a wait (its parent ignores SIGCHLD) takes its
+    time along: what was seen of it stays counted, the rest is left to the wall-clock backstop. The
+    measure never exceeds the CPU time spent."""
+
+    TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, stats: dict):
+        self.last = stats   # (pid, start time) -> (own, waited-for children's) ticks, at the last sample
+        self.ticks = 0
+        self.owed = 0       # ticks counted of processes that ended, not yet seen in a parent's
+
+    def add(self, stats: dict):
+        own = waited = 0
+        for key, (mine, children) in stats.items():
+            before = self.last.get(key, (0, 0))
+            own += mine - before[0]
+            waited += children - before[1]
+        self.owed += sum(mine + children for key, (mine, children) in self.last.items() if key not in stats)
+        settled = min(self.owed, waited)
+        self.owed -= settled
+        self.ticks += own + waited - settled
+        self.last = stats
+
+    @property
+    def seconds(self) -> float:
+        return self.ticks * self.TICK_S
+
+
+class Budget:
+    """The time limits of one request, judged from outside the worker.
+
+    The learner is charged the CPU time that the worker's process tree spends from the request's
+    start (``CpuMeter``): a loaded machine stretches wall time, not CPU time, so it costs no
+    points. A wall-clock backstop WALL_BACKSTOP times larger stops code that waits instead of
+    computing (a sleep, a blocked read), which spends no CPU time. Five times: a correct call still
+    finishes on a fifth of a core (five busy processes per core, more than `kata grade -j` starts),
+    and code that sleeps costs five limits of wall time a call (50 s at the usual 10 s), for
+    MAX_TIMEOUTS calls. ``stats`` None (the sandbox's start, which runs none of the learner's
+    code): ``cpu_s`` on the wall clock only."""
+
+    def __init__(self, cpu_s: float, stats: dict | None):
+        self.meter = None if stats is None else CpuMeter(stats)
+        self.cpu_s = cpu_s
+        self.wall_s = cpu_s if stats is None else cpu_s * WALL_BACKSTOP
+        self.started = self.sampled = time.monotonic()
+
+    def left(self) -> float:
+        """Seconds until the next look at the worker: the next sample, or the wall-clock limit."""
+        return max(0.0, min(self.started + self.wall_s, self.sampled + SAMPLE_S) - time.monotonic())
+
+
 class Sandbox:
     def __init__(self, source: Path, *, zygote: Zygote, framework: str, module_name: str, timeout_s: float,
                  import_timeout_s: float, memory_mb: int, data_limit: bool = True):
@@ -411,12 +565,12 @@ class Sandbox:
             self.start()
         try:
             if not self.ready:
-                self._exchange(None, STARTUP_TIMEOUT_S, "starting the sandbox")
+                self._exchange(None, STARTUP_TIMEOUT_S, "starting the sandbox", cpu=False)
                 self.ready = True
             reply, _ = self._exchange(({"op": "load", "path": self.file_name, "name": self.module_name}, []),
                                       self.import_timeout_s, f"importing {self.file_name}")
         except SandboxError as exc:
-            self.load_error = LoadError(_load_message(exc, self.file_name, self.import_timeout_s))
+            self.load_error = LoadError(_load_message(exc, self.file_name))
             self.close()
             raise self.load_error from None
         if not reply.get("ok"):
@@ -445,12 +599,16 @@ class Sandbox:
             self.restart()
             raise
 
-    def _exchange(self, message, timeout_s: float, what: str):
-        deadline = time.monotonic() + timeout_s
+    def _exchange(self, message, timeout_s: float, what: str, cpu: bool = True):
+        """Send ``message`` (None: none) and read the reply within ``timeout_s`` of CPU time and
+        the wall-clock backstop (``cpu`` False: ``timeout_s`` on the wall clock only)."""
+        if cpu:
+            self.proc.pid   # the tree's CPU time is counted from here, so its root must be known
+        budget = Budget(timeout_s, self._sample(memory=False)[1] if cpu else None)
         if message is not None:
-            self._send(*message, deadline=deadline, timeout_s=timeout_s, what=what)
+            self._send(*message, budget=budget, what=what)
         try:
-            header, blobs = wire.read_frame(self.resp_r, wait=lambda: self._wait(deadline, timeout_s, what))
+            header, blobs = wire.read_frame(self.resp_r, wait=lambda: self._wait(budget, what))
         except EOFError:
             raise self._died(what) from None
         except (ValueError, UnicodeDecodeError) as exc:
@@ -461,52 +619,72 @@ class Sandbox:
             raise SandboxError("protocol", f"the sandbox sent a malformed reply during {what}.")
         return header, blobs
 
-    def _send(self, header, blobs, *, deadline, timeout_s, what):
+    def _send(self, header, blobs, *, budget, what):
         view = memoryview(wire.encode_frame(header, blobs))
         while view:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._kill()
-                raise SandboxError("timeout", f"{what} did not finish within {timeout_s:g} s.")
-            _, writable, _ = select.select([], [self.req_w], [], min(remaining, 0.1))
+            self._check(budget, what)
+            _, writable, _ = select.select([], [self.req_w], [], budget.left())
             if writable:
                 try:
                     view = view[os.write(self.req_w, view):]
                 except BrokenPipeError:
                     raise self._died(what) from None
 
-    def _wait(self, deadline, timeout_s, what):
+    def _wait(self, budget, what):
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._kill()
-                raise SandboxError("timeout", f"{what} did not finish within {timeout_s:g} s: "
-                                   "an endless loop, or work far too slow for these small inputs.")
+            self._check(budget, what)
             watched = [self.resp_r] + ([self.proc.stderr] if self.stderr_open else [])
-            readable, _, _ = select.select(watched, [], [], min(remaining, 0.05))
+            readable, _, _ = select.select(watched, [], [], budget.left())
             if self.proc.stderr in readable:
                 chunk = os.read(self.proc.stderr.fileno(), 1 << 16)
                 self.stderr_open = bool(chunk)   # closed by the learner's code: stop watching it
                 self.stderr_tail = (self.stderr_tail + chunk)[-4096:]
             if self.resp_r in readable:
                 return
-            if self._rss_mb() > self.memory_mb:
-                self._kill()
-                raise SandboxError("memory", f"{what} used more than the sandbox's {self.memory_mb} MB "
-                                   "of memory, so the sandbox was stopped.")
 
-    def _rss_mb(self) -> float:
-        """Resident memory of the worker's whole process tree: a child holds memory too."""
+    def _check(self, budget: Budget, what: str):
+        """Stop the worker if the request is past a limit: the wall clock's, or (looked at every
+        SAMPLE_S) its tree's memory or CPU time."""
+        now = time.monotonic()
+        late = now - budget.started >= budget.wall_s
+        if not late and now - budget.sampled < SAMPLE_S:
+            return
+        budget.sampled = now
+        rss_mb, stats = self._sample()
+        if rss_mb > self.memory_mb:
+            self._kill()
+            raise SandboxError("memory", f"{what} used more than the sandbox's {self.memory_mb} MB "
+                               "of memory, so the sandbox was stopped.")
+        if budget.meter is not None:
+            budget.meter.add(stats)
+            if budget.meter.seconds > budget.cpu_s:
+                self._kill()
+                raise TimedOut("cpu", f"{what} did not finish within {budget.cpu_s:g} s of CPU time")
+        if late:
+            self._kill()
+            if budget.meter is None:
+                raise SandboxError("timeout", f"{what} did not finish within {budget.wall_s:g} s.")
+            raise TimedOut("wall", f"{what} was stopped after {budget.wall_s:g} s of wall-clock time, having "
+                           f"used {budget.meter.seconds:.1f} s of its {budget.cpu_s:g} s of CPU time")
+
+    def _sample(self, memory: bool = True) -> tuple[float, dict]:
+        """One look at the worker's process tree from outside: its resident memory in MB (a child
+        holds memory too; 0 if not ``memory``), and each process's CPU ticks (own, waited-for
+        children's) by (pid, start time), for a CpuMeter."""
         if self.proc.poll_pid() is None:
-            return 0.0
-        pages = 0
+            return 0.0, {}
+        pages, ticks = 0, {}
         for pid in self.proc.tree():
             try:
-                with open(f"/proc/{pid}/statm") as f:
-                    pages += int(f.read().split()[1])
+                if memory:
+                    pages += int(_read_proc(f"/proc/{pid}/statm").split()[1])
+                stat = _read_proc(f"/proc/{pid}/stat")
+                # The fields after the command name, which the learner's code chooses (")" included).
+                fields = stat[stat.rindex(b")") + 2:].split()
+                ticks[pid, fields[19]] = (int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14]))
             except (OSError, IndexError, ValueError):
                 pass
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20, ticks
 
     def _died(self, what):
         # Its reply channel closed: it exited, or closed the channel and must be stopped.
@@ -527,10 +705,20 @@ class Sandbox:
         return SandboxError("crash", f"the sandbox process {how} during {what}.{detail}")
 
 
-def _load_message(exc: SandboxError, file_name: str, timeout_s: float) -> str:
-    if exc.kind == "timeout":
-        return (f"importing {file_name} did not finish within {timeout_s:g} s: code at the top level "
-                "of the file runs at import, so move long work into functions.")
+def _read_proc(path: str) -> bytes:
+    """A small /proc file, whole (one read, without a Python file object: sampled every request)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def _load_message(exc: SandboxError, file_name: str) -> str:
+    if isinstance(exc, TimedOut):
+        return exc.finding + ": code at the top level of the file runs at import, " + (
+            "so move long work into functions." if exc.clock == "cpu" else
+            "and must not wait (time.sleep, a blocked read or lock).")
     if exc.kind == "crash":
         return f"importing {file_name} ended the process: {exc}"
     return str(exc)

@@ -752,9 +752,9 @@ def _forked(sock, fds, request, isolated):
         elif isolated:
             resource.setrlimit(resource.RLIMIT_NPROC, (NPROC, NPROC))
             _drop_capabilities()
-        if isolated:
-            _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-        else:
+        # No set-user-ID program it runs (su, a container's sudo) gives privileges back.
+        _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        if not isolated:
             # Last: changing credentials clears the parent-death signal. A child that outlives its
             # zygote (killed, not closed) is killed with it. (Isolated: bwrap's --die-with-parent
             # and the pid namespaces do this.)

@@ -21,6 +21,11 @@ def marker(kata: Kata) -> str:
     return f"# kata solution: {kata.slug} (your code goes in this cell; `kata check` grades it)"
 
 
+def stub_cell(kata: Kata) -> str:
+    """A solution cell as the learner starts it: the marker line, then the stub."""
+    return marker(kata) + "\n" + kata.stub_path.read_text(encoding="utf-8").rstrip("\n")
+
+
 def cell(kind: str, cell_id: str, source: str, metadata: dict | None = None) -> dict:
     """An nbformat 4 cell ("markdown" or "code")."""
     made = {"cell_type": kind, "id": cell_id, "metadata": metadata or {}, "source": source}
@@ -42,8 +47,7 @@ def notebook(kata: Kata) -> dict:
              "kit's sandbox. Run the solution cell first: the check grades what the kernel last ran there.")
     return document([
         cell("markdown", f"{kata.slug}-0", kata.readme_path.read_text(encoding="utf-8")),
-        cell("code", f"{kata.slug}-1", marker(kata) + "\n" + kata.stub_path.read_text(encoding="utf-8").rstrip("\n"),
-             {"tags": [SOLUTION_TAG]}),
+        cell("code", f"{kata.slug}-1", stub_cell(kata), {"tags": [SOLUTION_TAG]}),
         cell("markdown", f"{kata.slug}-2", check),
         cell("code", f"{kata.slug}-3", f"from graders.practice.notebook import check\ncheck({kata.slug!r})")])
 

@@ -1,0 +1,126 @@
+"""A class's rules: its secret, which fixes every grading seed, and its policy for graded work.
+
+``OUT/.kata/class.json`` is written by the first `kata grade` into OUT and kept with the class's
+outputs (never in what learners get: OUT/<learner>/ holds only their results). Every seed a pair
+is graded at comes from the secret, the learner and the kata, so the same file gets the same
+grade on every run, with --force, on another machine given a copy of OUT, and in Gradescope's
+re-runs (its zip carries the class file). Grading seeds lie in [2**31, 2**32), release seeds in
+[0, 2**31): a student bundle's recorded seed is never a grading seed.
+
+The policy (flags of `kata grade`, kept in the same file) says how strict graded work is: a banned
+API fails the kata, ``Fix:`` lines are withheld from learners, hidden checks are shown to learners
+only as "hidden check i of n" (and after the due date on Gradescope).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import tempfile
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+CLASS_FILE = Path(".kata") / "class.json"
+FORMAT = 1
+RELEASE_SEEDS = 2**31      # release seeds: [0, 2**31)
+GRADING_SEEDS = 2**31      # grading seeds: [2**31, 2**32)
+BANNED = "banned-api"
+
+
+class ClassFileError(Exception):
+    """OUT's class file is unreadable or malformed (the message says how to fix it)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    banned_fails: bool = False       # a kata that uses a banned API scores 0
+    withhold_fixes: bool = False     # feedback names the bug, never the code that fixes it
+    hide_hidden: bool = False        # hidden checks: "hidden check i of n", after the due date
+
+    def updated(self, **given) -> Policy:
+        """This policy with the flags given (None: keep what the class file says)."""
+        return replace(self, **{k: v for k, v in given.items() if v is not None})
+
+
+SELF_STUDY = Policy()   # what a learner's own `kata check` does; a class's default
+
+
+@dataclass(frozen=True)
+class ClassRules:
+    secret: str
+    policy: Policy
+
+    def seeds(self, learner: str, slug: str) -> tuple[int, int]:
+        """(public seed, hidden seed) of one learner's kata: the same on every run of this class."""
+        return tuple(GRADING_SEEDS + _draw(self.secret, part, learner, slug) for part in ("public", "hidden"))
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "secret": self.secret, "policy": asdict(self.policy)}, indent=1) + "\n"
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def _draw(secret: str, *parts: str) -> int:
+    digest = hmac.new(bytes.fromhex(secret), "\0".join(parts).encode(), hashlib.sha256).digest()
+    return int.from_bytes(digest[:8], "big") % GRADING_SEEDS
+
+
+def load(out: Path) -> ClassRules | None:
+    """OUT's rules, or None where no class was graded into OUT yet."""
+    path = Path(out) / CLASS_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ClassFileError(f"{path} cannot be read ({exc}); restore it from a copy of OUT: it holds the "
+                             "class's secret, without which grades cannot be reproduced.") from None
+    names = {f.name for f in fields(Policy)}
+    try:
+        secret, policy = data["secret"], data.get("policy", {})
+        bytes.fromhex(secret)
+        if data.get("format") != FORMAT or not set(policy) <= names or not all(type(v) is bool for v in policy.values()):
+            raise ValueError
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ClassFileError(f"{path} is not a class file of this kit (format {FORMAT}: a hex \"secret\" and a "
+                             f"\"policy\" of {', '.join(sorted(names))}); restore it from a copy of OUT.") from None
+    return ClassRules(secret, Policy(**policy))
+
+
+def load_or_create(out: Path, **policy) -> ClassRules:
+    """OUT's rules with the policy flags given (None: as before), written back; a new class gets
+    a new secret. The file is the instructor's own (mode 0600): it decides every hidden input."""
+    rules = load(out) or ClassRules(new_secret(), SELF_STUDY)
+    rules = replace(rules, policy=rules.policy.updated(**policy))
+    save(out, rules)
+    return rules
+
+
+def save(out: Path, rules: ClassRules):
+    path = Path(out) / CLASS_FILE
+    atomic_write(path, rules.to_json())
+    os.chmod(path, 0o600)
+
+
+def atomic_write(path: Path, text: str):
+    """Write ``text`` so that readers see the old file or the new one, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def apply(result: dict, policy: Policy) -> dict:
+    """The result as the class's policy grades it: under ``banned_fails`` a kata that used a banned
+    API scores 0 (each check keeps its own verdict, so the feedback still says what was right)."""
+    if not (policy.banned_fails and BANNED in result.get("diagnoses", ())):
+        return result
+    checks = [{**c, "score": 0.0} for c in result["checks"]]
+    return {**result, "checks": checks, "score": 0.0, "status": "failed", "banned": True}
