@@ -13,13 +13,11 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from graders.classroom import release
-from graders.classroom.rules import RELEASE_SEEDS, ClassFileError
+from graders.classroom import release, rules
 from graders.engine import manifest
 from graders.engine.bundle import NO_REFERENCE, bundle_info
 from graders.engine.manifest import Kata, ManifestError
@@ -617,7 +615,7 @@ def nbgrader_autograde(course, assignment, kata_names, jobs, no_sandbox, **polic
     sandbox = _grading_sandbox(no_sandbox)
     try:
         results = autograde(course, assignment, katas, jobs=jobs, sandbox=sandbox, policy=_policy(**policy))
-    except (LookupError, ClassFileError) as exc:
+    except (LookupError, rules.ClassFileError) as exc:
         raise EnvironmentProblem(str(exc)) from None
     for student, by_kata in results.items():
         total = sum(r["score"] for r in by_kata.values())
@@ -626,8 +624,13 @@ def nbgrader_autograde(course, assignment, kata_names, jobs, no_sandbox, **polic
     click.echo(f"Scores written to {course / 'gradebook.db'}: `nbgrader export` in {course} exports them.")
 
 
+def _names(values: tuple[str, ...]) -> list[str]:
+    """The names of an option given comma-separated, repeated, or both."""
+    return [name.strip() for value in values for name in value.split(",") if name.strip()]
+
+
 def _kata_list(values: tuple[str, ...]) -> list[Kata]:
-    names = [name.strip() for value in values for name in value.split(",") if name.strip()]
+    names = _names(values)
     if not names:
         return list(_all_katas())
     chosen = {_kata(name).slug for name in names}
@@ -679,7 +682,6 @@ def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay
     runs keep unless told otherwise.
     """
     _full_kit("grade")
-    from graders.classroom import rules
     from graders.classroom.batch import Grading
 
     sandbox = _grading_sandbox(no_sandbox, container, private=(submissions, out))
@@ -687,7 +689,7 @@ def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay
     if out.resolve().is_relative_to(submissions.resolve()):
         raise click.BadParameter("OUT must not be inside SUBMISSIONS (it would be graded as a learner).",
                                  param_hint="--out")
-    only = [n.strip() for value in learner_names for n in value.split(",") if n.strip()] or None
+    only = _names(learner_names) or None
     try:
         out.mkdir(parents=True, exist_ok=True)
         class_rules = rules.load(out) if replay else rules.load_or_create(out, **_policy(**policy))
@@ -816,9 +818,10 @@ def _lint_mutants(katas, seeds: list[int], sample: int | None):
               help="A new (or empty) folder for the student bundle.")
 @click.option("--katas", "kata_names", multiple=True, metavar="KATA[,KATA...]",
               help="Bundle only these katas (comma-separated or repeated); all by default.")
-@click.option("--seed", type=click.IntRange(0, RELEASE_SEEDS - 1), default=release.DEFAULT_SEED, show_default=True,
+@click.option("--seed", type=click.IntRange(0, rules.RELEASE_SEEDS - 1), default=release.DEFAULT_SEED,
+              show_default=True,
               help="The one seed at which the bundle records expected values (its `kata check` uses it). "
-                   f"Release seeds lie below {RELEASE_SEEDS}, class grading seeds above: never an answer key.")
+                   f"Release seeds lie below {rules.RELEASE_SEEDS}, class grading seeds above: never an answer key.")
 def release_(out, kata_names, seed):
     """Build a student bundle: the kit without reference/, bug oracles or hidden checks.
 
@@ -855,7 +858,6 @@ def gradescope(out, kata_names, class_out, **policy):
     zip away from learners.
     """
     _full_kit("gradescope")
-    from graders.classroom import rules
     from graders.classroom.gradescope import GradescopeError, build
 
     katas = _kata_list(kata_names)
@@ -866,9 +868,8 @@ def gradescope(out, kata_names, class_out, **policy):
     if class_out and known is None:
         raise click.BadParameter(f"{class_out} holds no {rules.CLASS_FILE}: grade the class into it first.",
                                  param_hint="--class")
-    known = known or rules.ClassRules(rules.new_secret(), rules.SELF_STUDY)
     try:
-        built = build(out, katas, replace(known, policy=known.policy.updated(**_policy(**policy))))
+        built = build(out, katas, (known or rules.new()).with_policy(**_policy(**policy)))
     except GradescopeError as exc:
         raise EnvironmentProblem(str(exc)) from None
     click.echo(f"Wrote {out} ({built['size'] / 1e6:.1f} MB): katas {', '.join(built['katas'])}; "

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from ..engine.manifest import ROOT, Kata
 from ..engine.plugin import check_entry, check_names, grader_files
-from . import rules
 from .rules import SELF_STUDY, ClassRules, Policy, atomic_write
 
 RECORDS = Path(".kata") / "records"
@@ -168,7 +167,7 @@ class Grading:
         into OUT)."""
         self.submissions, self.out, self.katas = Path(submissions), Path(out), katas
         self.jobs, self.force, self.device = max(1, jobs), force, device
-        self.rules, self.policy = rules, rules.policy
+        self.rules = rules
         self.show_hidden_diagnoses, self.sandbox = show_hidden_diagnoses, sandbox
         self.learners, self.refused_folders = learner_folders(self.submissions)
         self.refused = refused or {}
@@ -300,7 +299,7 @@ class Grading:
     def results(self) -> dict[str, dict[str, dict]]:
         """learner -> slug -> result as the class's policy grades it, for every kata graded in OUT
         (this run's and earlier ones)."""
-        return {name: {k.slug: rules.apply(r["result"], self.policy) for k in self.all_katas()
+        return {name: {k.slug: self.rules.policy.apply(r["result"]) for k in self.all_katas()
                        if (r := self.load_record(name, k.slug)) is not None}
                 for name in self.learners}
 
@@ -319,16 +318,16 @@ class Grading:
         unsandboxed = "process" in modes
         atomic_write(self.out / "grades.csv", grades_csv(katas, results))
         for name, by_kata in results.items():
-            graded = gradescope_results(katas, by_kata, self.show_hidden_diagnoses, self.policy)
+            graded = gradescope_results(katas, by_kata, self.show_hidden_diagnoses, self.rules.policy)
             if unsandboxed:
                 graded["output"] = f"{NO_SANDBOX}\n{graded['output']}"
             atomic_write(self.out / name / "results.json", json.dumps(graded, indent=1))
             atomic_write(self.out / name / "feedback.md",
-                         feedback_md(name, katas, by_kata, self.show_hidden_diagnoses, self.policy))
+                         feedback_md(name, katas, by_kata, self.show_hidden_diagnoses, self.rules.policy))
         atomic_write(self.out / "summary.md", summary_md(katas, results, self.refused_folders,
                                                          warning=NO_SANDBOX if unsandboxed else
                                                          CONTAINER if "container" in modes else None,
-                                                         policy=self.policy))
+                                                         policy=self.rules.policy))
 
 
 # --- renderings -----------------------------------------------------------------------------------

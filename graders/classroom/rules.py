@@ -39,9 +39,13 @@ class Policy:
     withhold_fixes: bool = False     # feedback names the bug, never the code that fixes it
     hide_hidden: bool = False        # hidden checks: "hidden check i of n", after the due date
 
-    def updated(self, **given) -> Policy:
-        """This policy with the flags given (None: keep what the class file says)."""
-        return replace(self, **{k: v for k, v in given.items() if v is not None})
+    def apply(self, result: dict) -> dict:
+        """The result as this policy grades it: under ``banned_fails`` a kata that used a banned API
+        scores 0 (each check keeps its own verdict, so the feedback still says what was right)."""
+        if not (self.banned_fails and BANNED in result.get("diagnoses", ())):
+            return result
+        checks = [{**c, "score": 0.0} for c in result["checks"]]
+        return {**result, "checks": checks, "score": 0.0, "status": "failed", "banned": True}
 
 
 SELF_STUDY = Policy()   # what a learner's own `kata check` does; a class's default
@@ -56,12 +60,17 @@ class ClassRules:
         """(public seed, hidden seed) of one learner's kata: the same on every run of this class."""
         return tuple(GRADING_SEEDS + _draw(self.secret, part, learner, slug) for part in ("public", "hidden"))
 
+    def with_policy(self, **given) -> ClassRules:
+        """These rules with the policy flags given (None: the rule stays as it is)."""
+        return replace(self, policy=replace(self.policy, **{k: v for k, v in given.items() if v is not None}))
+
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, "secret": self.secret, "policy": asdict(self.policy)}, indent=1) + "\n"
 
 
-def new_secret() -> str:
-    return secrets.token_hex(32)
+def new() -> ClassRules:
+    """A new class: a new secret, and the self-study policy until flags say otherwise."""
+    return ClassRules(secrets.token_hex(32), SELF_STUDY)
 
 
 def _draw(secret: str, *parts: str) -> int:
@@ -94,8 +103,7 @@ def load(out: Path) -> ClassRules | None:
 def load_or_create(out: Path, **policy) -> ClassRules:
     """OUT's rules with the policy flags given (None: as before), written back; a new class gets
     a new secret. The file is the instructor's own (mode 0600): it decides every hidden input."""
-    rules = load(out) or ClassRules(new_secret(), SELF_STUDY)
-    rules = replace(rules, policy=rules.policy.updated(**policy))
+    rules = (load(out) or new()).with_policy(**policy)
     save(out, rules)
     return rules
 
@@ -116,11 +124,3 @@ def atomic_write(path: Path, text: str):
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
-
-def apply(result: dict, policy: Policy) -> dict:
-    """The result as the class's policy grades it: under ``banned_fails`` a kata that used a banned
-    API scores 0 (each check keeps its own verdict, so the feedback still says what was right)."""
-    if not (policy.banned_fails and BANNED in result.get("diagnoses", ())):
-        return result
-    checks = [{**c, "score": 0.0} for c in result["checks"]]
-    return {**result, "checks": checks, "score": 0.0, "status": "failed", "banned": True}
