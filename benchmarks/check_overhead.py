@@ -35,6 +35,7 @@ class InProcessSandbox:
 
         self.source_text = path.read_bytes()
         self.file_name = path.name
+        self.framework = kata.framework
         self.load_error = None
         os.chdir(path.parent)
         self.worker = Worker(None, None, kata.framework)

@@ -230,4 +230,4 @@ def test_banned_api(learner, kata, rng, device):
                 case=case, got=", ".join(used),
                 expected="the gradients written with matmul, transpose, sum and the softmax's Jacobian",
                 diagnose=lambda: "banned-api")
-    check_untampered(learner.source, call=call, case=case)
+    check_untampered(learner, call=call, case=case)

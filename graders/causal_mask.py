@@ -244,4 +244,4 @@ def test_banned_api(learner, bugs, kata, rng):
     expect.that(not used, "Your code uses a library attention this kata forbids.", call=call,
                 got=", ".join(used), expected="only tensor operations (matmul, masked_fill, softmax)",
                 diagnose=lambda: "banned-api")
-    check_untampered(learner.source, call=call)
+    check_untampered(learner, call=call)

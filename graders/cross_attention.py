@@ -295,6 +295,7 @@ def test_state_dict_keys(learner):
         expect.that(not missing, "Some parameters are missing from state_dict, so a saved model would lose them.",
                     call=f"{call}.state_dict().keys()", got=", ".join(info["state_dict"]) or "no keys",
                     expected=", ".join(KEYS) + ", and any buffers you register")
+    check_untampered(learner, call=f"{call}.state_dict().keys()")
 
 
 def test_parameter_count(learner):
@@ -310,6 +311,7 @@ def test_parameter_count(learner):
                     expected=f"2·{d}² + {d}·{kdim} + {d}·{vdim} + 4·{d} = {want:,}: q_proj and out_proj {d}x{d}, "
                     f"k_proj {d}x{kdim}, v_proj {d}x{vdim}, a bias of {d} each",
                     diagnose=lambda: params_diagnosis(params, d, kdim, vdim))
+    check_untampered(learner, call=constructor(cfg))
 
 
 def test_matches_torch_mha(learner, bugs, kata, rng, device):
@@ -431,6 +433,7 @@ def test_cost_linear_in_tk(learner, rng, device):
                 "doubles the largest tensor the forward works on.", call=call, case=case,
                 got=f"largest tensor {largest[48]:,} elements at Tk = 48, {largest[96]:,} at Tk = 96",
                 expected=f"at most twice as large at Tk = 96; {want}")
+    check_untampered(learner, call=call, case=case)
 
 
 def test_rejects_indivisible_heads(learner):
@@ -460,4 +463,4 @@ def test_banned_api(learner, kata, rng, device):
     expect.that(not used, "The module uses a library attention this kata forbids.", call=call, case=case,
                 got=", ".join(used), expected="attention written with matmul, masked_fill and softmax",
                 diagnose=lambda: "banned-api")
-    check_untampered(learner.source, call=call, case=case)
+    check_untampered(learner, call=call, case=case)

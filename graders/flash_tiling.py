@@ -217,7 +217,7 @@ def score_entries(ops, hd) -> int:
 def trusted_entries(fn, q, k, v, block_q, block_k, causal):
     """How many scores a trusted implementation computes on this call, from its recorded products."""
     ops = []
-    with torch.no_grad(), _recorder(ops):
+    with torch.no_grad(), _recorder()(ops):
         fn(q, k, v, block_q=block_q, block_k=block_k, causal=causal)
     return score_entries(ops, q.size(-1))
 
@@ -379,7 +379,7 @@ def test_causal_skips_blocks_above_the_diagonal(learner, bugs, kata, rng, device
                     expected=f"{least:,} (the allowed (query, key) pairs) to {most:,} ({most / tile:g} tiles: "
                     f"for each query block, the key blocks up to its last query's position, {Tk - Tq} + its index)",
                     diagnose=diagnose)
-    check_untampered(learner.source, call=call, case=case)
+    check_untampered(learner, call=call, case=case)
 
 
 def test_never_builds_the_full_scores(learner, bugs, kata, rng, device):
@@ -406,7 +406,7 @@ def test_never_builds_the_full_scores(learner, bugs, kata, rng, device):
                     "(or a whole mask) is what tiling avoids. Work on (block_q, block_k) tiles and build each tile's "
                     "mask from positions.", call=call, case=case, got=f"a tensor of shape {full[0]}" if full else None,
                     expected=f"tiles of at most {bq} x {bk} scores; nothing with both a {Tq} and a {Tk} axis")
-    check_untampered(learner.source, call=call, case=case)
+    check_untampered(learner, call=call, case=case)
 
 
 def test_rejects_bad_arguments(learner, rng):
@@ -437,4 +437,4 @@ def test_banned_api(learner, kata, rng, device):
     expect.that(not used, "The function uses a library attention this kata forbids.", call=call, case=case,
                 got=", ".join(used), expected="tiles of scores from matrix products, an online softmax by hand",
                 diagnose=lambda: "banned-api")
-    check_untampered(learner.source, call=call, case=case)
+    check_untampered(learner, call=call, case=case)

@@ -153,6 +153,7 @@ def test_parameter_count(learner):
                     expected=f"2·{d}² + 2·{d}·{kv} = {expected:,}: q_proj and o_proj {d}x{d}, k_proj and v_proj "
                              f"{kv}x{d} (n_kv_heads * head_dim = {Hkv}·{d // H} outputs), no biases",
                     diagnose=lambda: wrong_size(params, d, count))
+    check_untampered(learner, call=f"GroupedQueryAttention({d}, {H}, {Hkv})")
 
 
 def test_matches_sdpa_gqa(learner, bugs, kata, rng, device):
@@ -196,4 +197,4 @@ def test_banned_api(learner, kata, rng, device):
     expect.that(not used, "The module uses a library attention this kata forbids.", call=call, case=case,
                 got=", ".join(used), expected="attention written with matmul, masked_fill and softmax",
                 diagnose=lambda: "banned-api")
-    check_untampered(learner.source, call=call, case=case)
+    check_untampered(learner, call=call, case=case)

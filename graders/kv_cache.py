@@ -289,6 +289,7 @@ def test_parameter_count(learner):
                     call=f"GroupedQueryAttention({d}, {H}, {Hkv})", got=f"{count:,}: {listing(params)}",
                     expected=f"2·{d}² + 2·{d}·{kv} = {expected:,}: {listing(shapes(d, H, Hkv))} "
                              f"(n_kv_heads * head_dim = {Hkv}·{d // H} outputs for K and V), no biases")
+    check_untampered(learner, call=f"GroupedQueryAttention({d}, {H}, {Hkv})")
 
 
 def test_full_forward_matches_sdpa(learner, bugs, kata, rng, device):
@@ -451,4 +452,4 @@ def test_banned_api(learner, kata, rng, device):
     expect.that(not used, "The module uses a library attention this kata forbids.", call=call, case=case,
                 got=", ".join(used), expected="attention written with matmul, masked_fill and softmax",
                 diagnose=lambda: "banned-api")
-    check_untampered(learner.source, call=call, case=case)
+    check_untampered(learner, call=call, case=case)

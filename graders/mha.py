@@ -132,6 +132,7 @@ def test_state_dict_keys(learner):
     expect.that(not missing, "Some parameters are missing from state_dict, so a saved model would lose them.",
                 call=f"{call}.state_dict().keys()", got=", ".join(info["state_dict"]) or "no keys",
                 expected=", ".join(KEYS) + ", and any buffers you register")
+    check_untampered(learner, call=f"{call}.state_dict().keys()")
 
 
 def test_parameter_count(learner):
@@ -144,6 +145,7 @@ def test_parameter_count(learner):
                     call=f"MultiHeadSelfAttention({d}, {H})",
                     got=f"{count:,} ({', '.join(f'{k} {tuple(v[0])}' for k, v in params.items()) or 'none'})",
                     expected=f"4·{d}² + 4·{d} = {4 * d * d + 4 * d:,}: 3·d² + 3·d for qkv_proj, d² + d for out_proj")
+    check_untampered(learner, call=f"MultiHeadSelfAttention({d}, {H})")
 
 
 def test_matches_torch_mha(learner, bugs, kata, rng, device):
@@ -275,4 +277,4 @@ def test_banned_api(learner, kata, rng, device):
     expect.that(not used, "The module uses a library attention this kata forbids.", call=call,
                 got=", ".join(used), expected="attention written with matmul, masked_fill and softmax",
                 diagnose=lambda: "banned-api")
-    check_untampered(learner.source, call=call, case=case)
+    check_untampered(learner, call=call, case=case)

@@ -235,7 +235,7 @@ def test_per_head_loop(learner, kata, rng, device):
                 call=CALL, case=case, got=", ".join(op_text(op) for op in singles) or "no per-head matmul",
                 expected=per_head, diagnose=lambda: "not-a-loop")
     # The loop's values are the value checks' business: a true loop with a wrong scale keeps these points.
-    check_untampered(learner.source, call=CALL, case=case)
+    check_untampered(learner, call=CALL, case=case)
 
 
 def test_eval_no_grad_safe(learner, kata, rng, device):
@@ -311,3 +311,4 @@ def test_given_class_unchanged(learner, bugs, kata, rng, device):
                 "the given CausalSelfAttention (the grader compares with the original anyway).", call=f"{call}(x)",
                 case=case, got=f"{describe_value(own)}: {problem}",
                 expected="the output of the original CausalSelfAttention with the same weights")
+    check_untampered(learner, call=f"{call}: parameters, buffers, state_dict", case=case)

@@ -268,6 +268,7 @@ def test_parameters(learner):
         expect.that(not missing, "Some parameters are missing from state_dict, so a saved model would lose them.",
                     call=f"RoPEAttention({d}, {H}).state_dict().keys()", got=", ".join(info["state_dict"]) or "no keys",
                     expected=", ".join(KEYS) + ", and any persistent buffers you register")
+    check_untampered(learner, call=f"RoPEAttention({d}, {H}).named_parameters()")
 
 
 def compare(learner, bugs, kata, device, sd, H, x, *, base=None, max_len=None, dtype=torch.float64):
@@ -382,4 +383,4 @@ def test_banned_api(learner, kata, rng, device):
     expect.that(not used, "The module uses a library attention this kata forbids.", call=call, case=case,
                 got=", ".join(used), expected="attention written with matmul, masked_fill and softmax",
                 diagnose=lambda: "banned-api")
-    check_untampered(learner.source, call=call, case=case)
+    check_untampered(learner, call=call, case=case)

@@ -258,7 +258,7 @@ def test_flash_calls_sdpa(learner, bugs, kata, rng, device):
                 diagnose=lambda: bugs.match(got, lambda impl: trusted(impl.CausalSelfAttention, sd, x, flash=True), **tol)
                 or "double-scale")
     # q or k scaled before the call is a value the value checks see: this check reads the call only.
-    check_untampered(learner.source, call=call, case=case)
+    check_untampered(learner, call=call, case=case)
 
 
 def test_sdpa_dropout_follows_mode(learner, rng, device):
@@ -287,6 +287,7 @@ def test_sdpa_dropout_follows_mode(learner, rng, device):
             check_output_dropout(ops, call=call, case=case)
     x = normal(rng, B, BS, C)
     call = f"CausalSelfAttention({C}, {H}, {BS}).train()(x)"   # dropout's default is 0.0
+    case = case_text(x, extra="train mode")
     m = build(learner, device, sd, flash=None)
     m.train()
     with learner.recording() as ops:
@@ -294,8 +295,9 @@ def test_sdpa_dropout_follows_mode(learner, rng, device):
     calls = sdpa_calls(ops)
     expect.that([c["dropout_p"] for c in calls] == [0],
                 "Built with the default dropout, the flash path must pass dropout_p=0 to SDPA in train mode too: "
-                "dropout defaults to 0.0.", call=call, case=case_text(x, extra="train mode"),
+                "dropout defaults to 0.0.", call=call, case=case,
                 got=", ".join(map(sdpa_text, calls)) or "no SDPA call", expected="dropout_p=0.0")
+    check_untampered(learner, call=call, case=case)
 
 
 def test_manual_path_avoids_sdpa(learner, rng, device):
@@ -314,7 +316,7 @@ def test_manual_path_avoids_sdpa(learner, rng, device):
     expect.that(not used, "The manual path (flash=False) calls a fused attention: it is the reference the "
                 "flash path is checked against, so write it out.", call=call, case=case,
                 got=", ".join(used), expected="q @ k.transpose(-2, -1), scaling, masked_fill, softmax, @ v")
-    check_untampered(learner.source, call=call, case=case)
+    check_untampered(learner, call=call, case=case)
 
 
 def test_eval_deterministic(learner, bugs, kata, rng, device):
@@ -382,7 +384,7 @@ def test_manual_path_dropout(learner, rng, device):
                 expected=f"self.attn_dropout(att) on the softmaxed (B, n_head, {BS}, {BS}) weights, p={P}",
                 diagnose=lambda: "manual-path-no-dropout")
     check_output_dropout(ops, call=call, case=case)
-    check_untampered(learner.source, call=call, case=case)
+    check_untampered(learner, call=call, case=case)
 
 
 def test_mask_is_buffer(learner, rng, device):
@@ -402,7 +404,7 @@ def test_mask_is_buffer(learner, rng, device):
                 expected=f"shape ({BS}, {BS}), or (1, 1, {BS}, {BS})")
     expect.that(where.split(":")[0] == device, "After .to(), the mask buffer is not on the module's device.",
                 call=f"{call}.to({device!r}): mask", got=where, expected=device)
-    check_untampered(learner.source, call=call)
+    check_untampered(learner, call=call)
 
 
 # --- @cuda checks --------------------------------------------------------------------------------
@@ -457,6 +459,7 @@ def test_flash_eligible_bf16(learner, bugs, kata, rng):
                 expected="a call FlashAttention takes: 4-D q, k, v in bfloat16, head_dim a multiple of 8, "
                 "is_causal=True, no mask")
     check_bf16(got, sd, x, flash=True, bugs=bugs, kata=kata, call=call, case=case)
+    check_untampered(learner, call=call, case=case)
 
 
 @pytest.mark.cuda
@@ -512,3 +515,4 @@ def test_flash_beats_manual(learner, bugs, kata, rng):
                    case=case, n_head=BENCH_H, block_size=BENCH_T)
         measured[flash] = learner.measure(m, x, repeats=REPEATS)
     judge_benchmark(measured[True], measured[False], case=case)
+    check_untampered(learner, call="learner.measure(module, x)", case=case)

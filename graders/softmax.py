@@ -99,4 +99,4 @@ def test_banned_api(learner, kata, rng):
     used = banned_used(learner.source, ops, kata.banned)
     expect.that(not used, "softmax uses a library shortcut this kata forbids.", call="softmax(x, axis=-1)",
                 got=", ".join(used), expected="only NumPy operations", diagnose=lambda: "banned-api")
-    check_untampered(learner.source, call="softmax(x, axis=-1)")
+    check_untampered(learner, call="softmax(x, axis=-1)")

@@ -2,11 +2,11 @@
 container: `python tests/docker_seccomp.py COMMAND [ARG...]`.
 
 Docker's default seccomp profile refuses what a sandbox needs to make namespaces: unshare, setns,
-mount, umount2 and pivot_root, and clone with any CLONE_NEW* flag, fail with EPERM; clone3 fails
-with ENOSYS (so that glibc falls back to clone, whose flags a filter can read). Its default
-capabilities leave root without CAP_SYS_ADMIN, CAP_SYS_PTRACE and the rest outside DOCKER_CAPS.
-This installs the same refusals (a classic-BPF filter, x86_64 only) and capability bounding set,
-then execs COMMAND: what it starts inherits both.
+mount, umount2 and pivot_root, and clone with any CLONE_NEW* flag, fail with EPERM, as do the kernel
+keyrings (add_key, request_key, keyctl); clone3 fails with ENOSYS (so that glibc falls back to
+clone, whose flags a filter can read). Its default capabilities leave root without CAP_SYS_ADMIN,
+CAP_SYS_PTRACE and the rest outside DOCKER_CAPS. This installs the same refusals (a classic-BPF
+filter, x86_64 only) and capability bounding set, then execs COMMAND: what it starts inherits both.
 """
 import ctypes
 import os
@@ -17,7 +17,8 @@ import sys
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 24, 38, 22, 2
 AUDIT_ARCH_X86_64 = 0xC000003E
 X32_SYSCALL_BIT = 0x40000000
-SYS = {"clone": 56, "mount": 165, "umount2": 166, "pivot_root": 155, "unshare": 272, "setns": 308, "clone3": 435}
+SYS = {"clone": 56, "mount": 165, "umount2": 166, "pivot_root": 155, "unshare": 272, "setns": 308, "clone3": 435,
+       "add_key": 248, "request_key": 249, "keyctl": 250}
 # CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET,
 # the mask Docker's profile tests clone's flags with.
 CLONE_NEW_ANY = 0x7E020000
@@ -31,7 +32,8 @@ DOCKER_CAPS = {0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 27, 29, 31}   # CHOWN DAC_OVE
 LD_ABS, JEQ, JSET, JGE, RET = 0x20, 0x15, 0x45, 0x35, 0x06
 NR, ARCH, ARG0 = 0, 4, 16   # offsets in struct seccomp_data (arg 0's low 32 bits, little-endian)
 REFUSED = [("unshare", "eperm"), ("setns", "eperm"), ("mount", "eperm"), ("umount2", "eperm"),
-           ("pivot_root", "eperm"), ("clone3", "enosys")]
+           ("pivot_root", "eperm"), ("clone3", "enosys"), ("add_key", "eperm"), ("request_key", "eperm"),
+           ("keyctl", "eperm")]
 
 
 def program() -> list[tuple[int, int, int, int]]:

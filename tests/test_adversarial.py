@@ -43,11 +43,16 @@ MARK = "kata-adversarial"            # in every file a learner plants or forges
 DAEMON = "kata-adversarial-daemon"   # on the command line of the daemon learner's process
 PLANTED_NAMES = ("conftest.py", "results.json", "grades.csv")
 CONTROLS = {"softmax": "control-softmax", "causal-mask": "control-causal", "mha": "control-mha"}
+FORMULA = '=HYPERLINK("x","y")'   # a learner's name that a spreadsheet would run
+LOOKALIKE = "h\u043enest"         # honest with a Cyrillic о
+COPIES = {FORMULA: "honest", LOOKALIKE: "honest"}   # learners whose files are another's (the fixture copies them)
 
 
 @dataclasses.dataclass(frozen=True)
 class Trick:
-    expect: str                  # "same": the control's score, check by check; "zero"; "same-or-zero"
+    # "same": the control's score, check by check; "zero"; "same-or-zero"; "at-most": never more
+    # than the control's, check by check (the sandbox may stop it anywhere)
+    expect: str
     control: str | None = None   # the learner with the same computation and no trick (default: CONTROLS)
 
 
@@ -75,14 +80,27 @@ TRICKS = {
     "find-anywhere": Trick("same"),
     "scratch-fill": Trick("same"),
     "fork-hog": Trick("same-or-zero"),   # stopped by the memory cap, or the control's values
+    # Containment's third round: around bubblewrap rather than through it.
+    "keyring-thief": Trick("same"),      # a classmate's softmax left in a keyring: refused
+    "namespace-escape": Trick("same"),   # a user namespace, root in it: refused
+    "hidden-memory": Trick("same-or-zero"),   # memfds, sockets, SysV shm refused; tmpfs and pipes counted
+    "thread-heads": Trick("at-most", control="control-mha-sdpa"),   # the banned call in a thread
+    "unwritable-text": Trick("same"),    # lone surrogates printed: the run goes on, written as U+FFFD
+    LOOKALIKE: Trick("same", control="honest"),        # honest's files, a name that looks like honest's
+    FORMULA: Trick("same", control="honest"),          # honest's files, a name that is a formula
+    "huge": Trick("zero"),               # a sparse softmax.py of 60 GB: refused unread
 }
 # Folders that are no learner: graded by no one, listed in summary.md, and the run goes on.
 ODD_FOLDERS = {"grades.csv": "honest", "summary.md": "honest"}
-LEARNERS = sorted(["honest", "control-banned", "probe", *CONTROLS.values(), *TRICKS])
+LEARNERS = sorted(["honest", "control-banned", "control-mha-sdpa", "probe", *CONTROLS.values(), *TRICKS])
+SPARSE_BYTES = 60 << 30   # huge's softmax.py: its size, on no disk (made by the fixture)
+CLASSMATE_KEY = "kata-adversarial-classmate"   # what keyring-thief looks for (see the fixture)
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every file's bytes; for one over a megabyte (huge's), its size and time of change."""
+    return {str(p.relative_to(folder)): p.read_bytes() if p.stat().st_size <= 1 << 20 else
+            str((p.stat().st_size, p.stat().st_mtime_ns)).encode() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def watched_dirs(base: Path) -> set[Path]:
@@ -146,10 +164,13 @@ def graded():
     base.chmod(0o755)
     submissions, out = base / "submissions", base / "out"
     token = base.name   # tells copy-classmate this run's classmates from other files on the machine
-    for name in LEARNERS:
-        shutil.copytree(CLASS / name, submissions / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in set(LEARNERS) - {"huge"}:
+        shutil.copytree(CLASS / COPIES.get(name, name), submissions / name, ignore=shutil.ignore_patterns("__pycache__"))
         for file in (submissions / name).glob("*.py"):
             file.write_text(file.read_text() + f"\n# class: {token}\n")
+    (submissions / "huge").mkdir()
+    with open(submissions / "huge" / "softmax.py", "wb") as f:
+        f.truncate(SPARSE_BYTES)
     write_probe(submissions / "probe", submissions, out)
     for name, like in ODD_FOLDERS.items():
         shutil.copytree(CLASS / like, submissions / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -160,6 +181,9 @@ def graded():
     dirs = watched_dirs(base)
     planted_before = planted_files(dirs)
     command = [str(KATA), "grade", str(submissions), "--out", str(out), "--katas", ",".join(KATAS), "-j", "2"]
+    # A classmate's correct softmax, left in a keyring that the grader's processes inherit (the
+    # session keyring of this process), as a classmate's sandbox could once leave it.
+    key = keyring_add(CLASSMATE_KEY, (ROOT / "reference" / "softmax.py").read_bytes())
     # Its own session: a learner signalling the grader's process group must not reach pytest.
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=base,
                             env={**os.environ, "NO_COLOR": "1"}, start_new_session=True)
@@ -168,6 +192,7 @@ def graded():
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
+    keyring_revoke(key)
     out_after = snapshot(out) if out.is_dir() else {}
     time.sleep(3)   # long enough for a process left behind to rewrite OUT
     out_later = snapshot(out) if out.is_dir() else {}
@@ -189,6 +214,33 @@ def graded():
     shutil.rmtree(base, ignore_errors=True)
 
 
+def keyring_add(description: str, payload: bytes) -> int:
+    """A user key in this process's session keyring (revoked after a minute at the latest)."""
+    import ctypes
+
+    import pyseccomp
+
+    libc, arch = ctypes.CDLL(None, use_errno=True), pyseccomp.system_arch()
+    serial = libc.syscall(pyseccomp.resolve_syscall(arch, "add_key"), b"user", description.encode(), payload,
+                          len(payload), -3)   # KEY_SPEC_SESSION_KEYRING
+    assert serial > 0, os.strerror(ctypes.get_errno())
+    libc.syscall(pyseccomp.resolve_syscall(arch, "keyctl"), 15, serial, 60)   # KEYCTL_SET_TIMEOUT
+    return serial
+
+
+def keyring_revoke(serial: int):
+    import ctypes
+
+    import pyseccomp
+
+    ctypes.CDLL(None).syscall(pyseccomp.resolve_syscall(pyseccomp.system_arch(), "keyctl"), 3, serial)   # REVOKE
+
+
+def shown(learner: str) -> str:
+    """The learner's name as grades.csv writes it: a formula's gets a leading quote."""
+    return f"'{learner}" if learner == FORMULA else learner
+
+
 def checks_of(graded, learner, slug):
     prefix = f"{slug}: "
     return {t["name"]: t for t in graded.results(learner)["tests"] if t["name"].startswith(prefix)}
@@ -196,19 +248,21 @@ def checks_of(graded, learner, slug):
 
 def row(graded, learner) -> dict[str, float]:
     header, *rows = graded.grades
-    found = next(r for r in rows if r[0] == learner)
+    found = next(r for r in rows if r[0] == shown(learner))
     return {k: float(v) for k, v in zip(header[1:], found[1:])}
 
 
 def submitted(learner) -> set[str]:
-    return {find(p.name).slug for p in (CLASS / learner).glob("*.py")}
+    if learner == "huge":
+        return {"softmax"}
+    return {find(p.name).slug for p in (CLASS / COPIES.get(learner, learner)).glob("*.py")}
 
 
 def test_grading_finishes_with_a_complete_result(graded):
     assert graded.proc.returncode == 0, graded.stderr[-3000:]
     header, *rows = graded.grades
     assert header == ["learner", *KATAS, "total", "max"]
-    assert [r[0] for r in rows] == LEARNERS
+    assert [r[0] for r in rows] == [shown(learner) for learner in LEARNERS]
     checks = sum(len(find(slug).checks) for slug in KATAS)
     for learner in LEARNERS:
         result = graded.results(learner)
@@ -227,7 +281,7 @@ def test_the_controls_are_graded_as_written(graded):
     trick's score above its control's, or a trick that costs points, both show."""
     maximum = {slug: sum(t["max_score"] for t in checks_of(graded, "honest", slug).values()) for slug in KATAS}
     assert row(graded, "honest") == pytest.approx({**maximum, "total": sum(maximum.values()), "max": sum(maximum.values())})
-    for slug, control in [*CONTROLS.items(), ("softmax", "control-banned")]:
+    for slug, control in [*CONTROLS.items(), ("softmax", "control-banned"), ("mha", "control-mha-sdpa")]:
         assert 0 < row(graded, control)[slug] < maximum[slug], (control, row(graded, control))
 
 
@@ -249,7 +303,7 @@ def test_no_trick_earns_a_point(graded, learner):
                        and any(code in got[name]["output"] for code in ("banned-api", "tampering")))
                    for name in got)
         zero = all(test["score"] == 0 for test in got.values())
-        if not {"same": same, "zero": zero, "same-or-zero": same or zero}[trick.expect]:
+        if not {"same": same, "zero": zero, "same-or-zero": same or zero, "at-most": True}[trick.expect]:
             unexpected.append(f"{slug}: {row(graded, learner)[slug]:g} points, expected {trick.expect} "
                               f"({control} has {row(graded, control)[slug]:g})")
     assert not unearned, f"{learner} earned points its computation did not:\n" + "\n".join(unearned)
@@ -261,6 +315,12 @@ def test_odd_folders_are_refused_one_by_one_and_listed(graded):
     for name in [*ODD_FOLDERS, "linked", "not-utf8-\\xff"]:
         assert f"| `{name}` |" in summary, name
     assert (graded.out / "grades.csv").is_file() and (graded.out / "summary.md").is_file()
+
+
+def test_look_alike_names_are_graded_apart_and_named(graded):
+    summary = (graded.out / "summary.md").read_text(encoding="utf-8")
+    assert "names look alike" in summary and f"`{LOOKALIKE}` {ascii(LOOKALIKE)}" in summary
+    assert row(graded, LOOKALIKE) == row(graded, "honest")
 
 
 def test_submissions_are_left_byte_identical(graded):
@@ -290,7 +350,9 @@ def test_no_learner_process_outlives_the_run(graded):
 
 def test_the_sandbox_user_cannot_reach_the_kit_the_class_or_out(graded):
     """The probe answers right only when it runs unprivileged and every read, listing and write of
-    the reference, the graders, the submissions and OUT is refused; else it says what it could do."""
+    the reference, the graders, the submissions and OUT is refused; else it says what it could do.
+    (Its imports, os and glob, cost it the structure check: `tampering`, which says nothing here.)"""
     tests = checks_of(graded, "probe", "softmax")
-    failed = {name: t["output"][:600] for name, t in tests.items() if t["status"] != "passed"}
+    failed = {name: t["output"][:600] for name, t in tests.items()
+              if t["status"] != "passed" and "Diagnosis: tampering" not in t["output"]}
     assert not failed, "\n".join(f"{name}: {output}" for name, output in failed.items())

@@ -161,7 +161,8 @@ def test_sandbox_does_not_see_the_graders_environment(grade_source, monkeypatch)
     source = ("import os, numpy as np\n" + SOFTMAX_OK.replace("def softmax(x, axis=-1):",
               "def softmax(x, axis=-1):\n    if 'KATA_SECRET_FOR_TEST' in os.environ: return np.zeros_like(x)"))
     result = grade_source("softmax", source)
-    assert result["status"] == "passed"
+    # Every check that computes passes (os, no module softmax lists, costs the structure check).
+    assert {c["id"] for c in result["checks"] if c["status"] != "passed"} == {"banned-api"}
 
 
 @pytest.mark.parametrize("source", ["", "x = 1\n", "def softmax(:\n"])

@@ -21,6 +21,9 @@ pytestmark = [needs_bwrap, pytest.mark.xdist_group("batch")]
 KATA = Path(sys.executable).with_name("kata")
 KATAS = "softmax,causal-mask"
 REFERENCE = Path(__file__).resolve().parents[1] / "reference"
+# The reference after `import time; time.sleep(1)`: time is no module softmax lists, so its structure
+# check (banned-api) scores 0, diagnosed tampering; every other check passes.
+SLOW_SCORE = find("softmax").max_score - find("softmax").checks["banned-api"]
 
 # Gradescope's documented results.json fields (autograder specifications: "Output format").
 GRADESCOPE_RESULTS = {
@@ -172,7 +175,7 @@ def test_ctrl_c_keeps_what_was_graded_and_the_next_run_resumes(tmp_path):
     resumed = subprocess.run([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax"],
                              capture_output=True, text=True, timeout=300)
     assert f"{6 - saved} pair(s) to grade, {saved} unchanged" in resumed.stderr
-    assert all(float(r["softmax"]) == find("softmax").max_score for r in grades(out).values())
+    assert all(float(r["softmax"]) == SLOW_SCORE for r in grades(out).values())
 
 
 def test_out_inside_submissions_is_refused(tmp_path):
@@ -309,4 +312,4 @@ def test_a_grading_process_that_dies_takes_its_pair_to_a_fresh_one(tmp_path):
     os.kill(pool[0], signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    assert float(grades(out)["ada"]["softmax"]) == find("softmax").max_score
+    assert float(grades(out)["ada"]["softmax"]) == SLOW_SCORE

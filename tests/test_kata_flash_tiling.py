@@ -107,7 +107,7 @@ def test_causal_skips_ten_of_sixteen_tiles_at_t_64_blocks_16():
 def test_products_are_read_from_every_form_a_learner_writes():
     q, k = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8)
     ops = []
-    with _recorder(ops):
+    with _recorder()(ops):
         q @ k.transpose(-2, -1)
         torch.matmul(q, k.mT)
         torch.einsum("bhqd,bhkd->bhqk", q, k)

@@ -249,6 +249,17 @@ def test_a_list_of_every_token_fails_the_memory_check_on_what_it_keeps(grade_sou
     assert check["diagnosis"] == "rolling-buffer-grows" and "still holds more than two windows" in check["message"]
 
 
+def test_every_token_kept_in_numpy_outside_the_cache_fails_the_memory_check(grade_source):
+    # Neither a tensor nor an attribute of the cache: only the kernel's count of the sandbox's
+    # memory, read from outside it, sees these (they once earned the check's points).
+    source = replace(SOLUTION, "        self.n += k.shape[2]\n",
+                     "        self.n += k.shape[2]\n        _seen.append((k.numpy().copy(), v.numpy().copy()))\n")
+    result = grade_source("sliding-window", source + "\n_seen = []   # every token, as NumPy arrays\n")
+    check = checks_by_id(result)["buffer-never-exceeds-window"]
+    assert check["status"] == "failed" and check["diagnosis"] == "rolling-buffer-grows"
+    assert "the sandbox holds more memory than two windows" in check["message"]
+
+
 def test_sdpa_with_the_band_fails_only_banned_api(grade_source):
     source = replace(SOLUTION, "import torch\n", "import torch\nimport torch.nn.functional as F\n")
     source = replace(source, '''    att = att.masked_fill(~allowed, float("-inf"))

@@ -222,7 +222,7 @@ def test_katas_and_kinds_without_a_plot_are_usage_errors(tmp_path):
     assert "heatmaps, complexity" in result.output
 
 
-def test_peak_bytes_counts_live_tensors_on_the_cpu(tmp_path, zygotes):
+def test_tensor_peak_bytes_counts_live_tensors_on_the_cpu(tmp_path, zygotes):
     n = 1 << 16
     path = tmp_path / "mod.py"
     path.write_text("import torch\n"
@@ -234,7 +234,7 @@ def test_peak_bytes_counts_live_tensors_on_the_cpu(tmp_path, zygotes):
     with Sandbox(path, zygote=zygotes("torch"), framework="torch", module_name="mod", timeout_s=10, import_timeout_s=10,
                  memory_mb=1024).start() as sandbox:
         learner = Learner(sandbox)
-        assert learner.peak_bytes(learner.chain, n) == 2 * 4 * n   # two float32 vectors, never eleven
+        assert learner.tensor_peak_bytes(learner.chain, n) == 2 * 4 * n   # two float32 vectors, never eleven
         sdpa = learner.kit_function("sdpa_self_attention")
         x, w, b = torch.randn(1, 5, 8), torch.randn(24, 8), torch.randn(24)
         got = sdpa(x, w, b, torch.eye(8), torch.zeros(8), 2, causal=True)

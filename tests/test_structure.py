@@ -47,16 +47,17 @@ def test_memoised_library_softmax_is_banned_api(grade_source):
 
 # One construct of each kind: (imports, a line in softmax's body, what the message names).
 CONSTRUCTS = {
-    "frame": ("import sys", "caller = sys._getframe(1).f_back", "f_back (line 7), sys._getframe (line 7)"),
-    "inspect": ("import inspect", "here = inspect.currentframe()", "inspect (lines 3, 7)"),
-    "gc": ("import gc", "gc.isenabled()", "gc (lines 3, 7)"),
-    "ctypes": ("import ctypes", "ctypes.sizeof(ctypes.c_double)", "ctypes (lines 3, 7)"),
-    "runpy": ("import runpy", "pass", "runpy (line 3)"),
+    "frame": ("import sys", "caller = sys._getframe(1).f_back",
+              "import sys (line 3), sys._getframe (line 7), sys._getframe(1).f_back (line 7)"),
+    "inspect": ("import inspect", "here = inspect.currentframe()", "import inspect (line 3)"),
+    "gc": ("import gc", "gc.isenabled()", "import gc (line 3)"),
+    "ctypes": ("import ctypes", "ctypes.sizeof(ctypes.c_double)", "import ctypes (line 3)"),
+    "runpy": ("import runpy", "pass", "import runpy (line 3)"),
     "star-import": ("from numpy import *", "z = exp(0.0)", "from numpy import * (line 3)"),
     "exec": ("", 'exec("pass")', "exec (line 7)"),
     "eval": ("", 'eval("1")', "eval (line 7)"),
     "compile": ("", 'compile("1", "<learner>", "eval")', "compile (line 7)"),
-    "importlib": ("import importlib", 'importlib.import_module("numpy")', "importlib (lines 3, 7)"),
+    "importlib": ("import importlib", 'importlib.import_module("numpy")', "import importlib (line 3)"),
     "__import__": ("", '__import__("numpy")', "__import__ (line 7)"),
 }
 
@@ -125,15 +126,9 @@ def f(x, name):
     with torch._C.DisableTorchFunction():
         return getattr(F, name)(x)
 '''
-    assert tampering(source) == ["builtins (line 2)", "sys.modules (line 5)", "DisableTorchFunction (line 9)",
-                                 "torch._C (line 9)", "getattr with a computed name (line 10)"]
-
-
-def test_kata_code_is_no_tampering():
-    for kata in (find(slug) for slug in ("softmax", "causal-mask", "mha", "gqa", "mha-by-loop", "sdpa-swap")):
-        for path in (kata.reference_path, kata.stub_path):
-            assert tampering(path.read_text()) == [], path
-    assert tampering("x = model.eval()\ny = re.compile('a')\n") == []   # methods of those names are not the builtins
+    assert tampering(source, "torch") == ["import builtins (line 2)", "from sys import modules (line 5)",
+                                          "torch._C (line 9)", "torch._C.DisableTorchFunction (line 9)",
+                                          "getattr with a computed name (line 10)"]
 
 
 class Lying(nn.Module):

@@ -17,20 +17,22 @@ import io
 import json
 import multiprocessing
 import os
+import re
 import signal
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine.manifest import ROOT, Kata
 from ..engine.plugin import check_entry, check_names, grader_files
+from ..engine.untrusted import MAX_SUBMISSION_BYTES, TooLarge, read_capped, too_large
 from .rules import SELF_STUDY, ClassRules, Policy, atomic_write
 
 RECORDS = Path(".kata") / "records"
 HIDDEN_OUTPUT = "Hidden check failed."
 NOT_LOADED = "Not run: the file could not be graded (see this kata's first check)."
 OUTPUT_CAP = 4000   # characters of one check's text in results.json and feedback.md
-MAX_SUBMISSION_BYTES = 1 << 20   # a kata file is a few kilobytes
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,24 @@ def learner_folders(submissions: Path) -> tuple[list[str], dict[str, str]]:
     return names, refused
 
 
-def learners(submissions: Path) -> list[str]:
-    return learner_folders(submissions)[0]
+def _skeleton(name: str) -> str:
+    """What ``name`` looks like, after Unicode's UTS #39 skeleton: NFKC (which also makes NFC and
+    NFD forms one), then each character that Unicode's confusables list maps to a prototype
+    replaced by it (Cyrillic а by Latin a, I by l). confusable_homoglyphs keeps that list as each
+    character's look-alikes, a prototype listing all its variants: a character with exactly one
+    look-alike is that prototype's variant."""
+    from confusable_homoglyphs.confusables import confusables_data
+
+    text = unicodedata.normalize("NFKC", name)
+    return "".join(alike[0]["c"] if len(alike := confusables_data.get(c, ())) == 1 else c for c in text)
+
+
+def lookalike_names(names) -> list[list[str]]:
+    """The groups of two or more ``names`` that look the same (see ``_skeleton``)."""
+    groups = {}
+    for name in names:
+        groups.setdefault(_skeleton(name), []).append(name)
+    return [group for group in groups.values() if len(group) > 1]
 
 
 def _digest(paths) -> str:
@@ -97,7 +115,22 @@ def kit_fingerprint(kata: Kata) -> str:
 
 
 def submission_fingerprint(file: Path) -> str:
-    return hashlib.sha256(file.read_bytes()).hexdigest() if file.is_file() else "missing"
+    """The file's sha256; a file too large to grade is not read (it is refused unread)."""
+    if not file.is_file():
+        return "missing"
+    try:
+        return hashlib.sha256(read_capped(file)).hexdigest()
+    except TooLarge:
+        return f"larger than {MAX_SUBMISSION_BYTES} bytes"
+
+
+def linked_out(file: Path, folder: Path) -> str | None:
+    """A sentence if ``file`` leads out of ``folder``, a learner's own, through a symbolic link
+    (of the file or of a folder on its way), else None: it could point at the reference, a
+    course's source notebooks or a classmate's file."""
+    if file.resolve().is_relative_to(folder.resolve()):
+        return None
+    return f"{file.name} is a link to a file outside your submission, so it was not graded."
 
 
 # --- results for pairs the runner did not grade ---------------------------------------------------
@@ -158,18 +191,20 @@ def _grade_in_process(slug: str, file: str, seeds: tuple[int, int], device: str,
 class Grading:
     def __init__(self, submissions: Path, out: Path, katas: list[Kata], *, jobs: int, force: bool,
                  rules: ClassRules, device: str, show_hidden_diagnoses: bool, sandbox: str = "bwrap",
-                 refused: dict | None = None, only: list[str] | None = None):
+                 refused: dict | None = None, refused_folders: dict | None = None, only: list[str] | None = None):
         """``rules``: the class's secret and policy (``rules.load_or_create``). ``sandbox``: grade
         under bwrap ("bwrap"), as an unprivileged user of a grading container ("container": kata
         grade --container) or in a process only ("process": --no-sandbox). ``refused``: (learner,
         slug) -> a sentence, for files refused before grading (a notebook that could not be read,
-        say). ``only``: grade these learners alone (the class files still cover everyone graded
-        into OUT)."""
+        say). ``refused_folders``: folder -> why, for folders refused as learners before SUBMISSIONS
+        was made (an nbgrader course's submitted/). ``only``: grade these learners alone (the class
+        files still cover everyone graded into OUT)."""
         self.submissions, self.out, self.katas = Path(submissions), Path(out), katas
         self.jobs, self.force, self.device = max(1, jobs), force, device
         self.rules = rules
         self.show_hidden_diagnoses, self.sandbox = show_hidden_diagnoses, sandbox
-        self.learners, self.refused_folders = learner_folders(self.submissions)
+        self.learners, found = learner_folders(self.submissions)
+        self.refused_folders = {**(refused_folders or {}), **found}
         self.refused = refused or {}
         self.kit = {k.slug: kit_fingerprint(k) for k in katas}
         self.pairs = [Pair(name, kata, self.submissions / name / kata.learner_file)
@@ -214,12 +249,8 @@ class Grading:
             return "error", self.refused[pair.learner, pair.kata.slug]
         if not pair.file.is_file():
             return "missing", f"No {name} was submitted."
-        # A link out of the learner's own folder could point at the reference or a classmate's file.
-        if not pair.file.resolve().is_relative_to((self.submissions / pair.learner).resolve()):
-            return "error", f"{name} is a link to a file outside your submission, so it was not graded."
-        if pair.file.stat().st_size > MAX_SUBMISSION_BYTES:
-            return "error", f"{name} is larger than {MAX_SUBMISSION_BYTES >> 20} MB, so it was not graded."
-        return None
+        refused = linked_out(pair.file, self.submissions / pair.learner) or too_large(pair.file)
+        return None if refused is None else ("error", refused)
 
     def run(self, pairs: list[Pair], progress=lambda pair, result: None, *, keep: bool = True):
         """Grade ``pairs``, saving each as it finishes (``keep``; a replay does not). A grading
@@ -344,14 +375,26 @@ def _capped(text: str) -> str:
     return text if len(text) <= OUTPUT_CAP else text[:OUTPUT_CAP] + "\n… (cut)"
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+NUMBER = re.compile(r"[+-]?\d+(\.\d+)?([eE][+-]?\d+)?")
+
+
+def _cell(text: str) -> str:
+    """A grades.csv cell that no spreadsheet runs as a formula: one that starts like a formula
+    (a learner named `=HYPERLINK(...)`) gets a leading quote, as OWASP's "CSV Injection" page
+    advises; a plain number stays a number."""
+    return f"'{text}" if text.startswith(FORMULA_START) and not NUMBER.fullmatch(text) else text
+
+
 def grades_csv(katas: list[Kata], results: dict) -> str:
     buf = io.StringIO()
     out = csv.writer(buf, lineterminator="\n")
-    out.writerow(["learner", *(k.slug for k in katas), "total", "max"])
+    rows = [["learner", *(k.slug for k in katas), "total", "max"]]
     for name, by_kata in sorted(results.items()):
         scores = [by_kata[k.slug]["score"] if k.slug in by_kata else 0.0 for k in katas]
-        out.writerow([name, *map(_num, scores), _num(round(sum(scores), 6)),
-                      _num(round(sum(k.max_score for k in katas), 6))])
+        rows.append([name, *map(_num, scores), _num(round(sum(scores), 6)),
+                     _num(round(sum(k.max_score for k in katas), 6))])
+    out.writerows([_cell(text) for text in row] for row in rows)
     return buf.getvalue()
 
 
@@ -463,13 +506,22 @@ def policy_text(policy: Policy) -> str:
     return f"{text[0].upper()}{text[1:]}." if said else "Self-study rules (no `kata grade` policy flag set)."
 
 
+LOOKALIKES = ("Warning: some learners' names look alike, differing only in Unicode normalisation or in look-alike "
+              "letters (a Cyrillic а for a Latin a, say). Each folder was graded as a learner of its own: check "
+              "that these are different people.")
+
+
 def summary_md(katas: list[Kata], results: dict, refused: dict | None = None, warning: str | None = None,
                policy: Policy = SELF_STUDY) -> str:
     n = len(results)
     lines = ["# Class summary", "", *([f"**{warning}**", ""] if warning else []),
-             f"{n} learner(s), {len(katas)} kata(s).", "", f"Policy: {policy_text(policy)}", "",
-             "| kata | full score | pass rate | mean score | failed | not started | error | missing |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"{n} learner(s), {len(katas)} kata(s).", "", f"Policy: {policy_text(policy)}", ""]
+    lookalikes = lookalike_names(results)
+    if lookalikes:   # each spelled out too (ascii), where the eye cannot tell them apart
+        lines += [f"**{LOOKALIKES}**", "",
+                  *(f"- {', '.join(f'`{name}` {ascii(name)}' for name in group)}" for group in lookalikes), ""]
+    lines += ["| kata | full score | pass rate | mean score | failed | not started | error | missing |",
+              "|---|---|---|---|---|---|---|---|"]
     diagnoses, checks = Counter(), Counter()
     for kata in katas:
         got = [by_kata[kata.slug] for by_kata in results.values() if kata.slug in by_kata]

@@ -25,17 +25,20 @@ from pathlib import Path
 
 from ..engine.manifest import Kata
 from ..engine.plugin import check_names, hidden_grader
+from ..engine.untrusted import TooLarge
 from ..practice.notebook import cell, document, marker, solution_source
 from . import rules
-from .batch import learners
+from .batch import learner_folders, linked_out
 
 CONFIG = '''c = get_config()  # noqa: F821  (nbgrader's config file)
 c.CourseDirectory.course_id = {course!r}
 c.CourseDirectory.db_url = "sqlite:///gradebook.db"
 
 # A kata's solution cell is released as the kata's stub: the source cell holds the whole reference.
-from graders.classroom.nbgrader_release import preprocessors  # noqa: E402
+from graders.classroom.nbgrader_release import KataCollect, preprocessors  # noqa: E402
 c.GenerateAssignment.preprocessors = preprocessors()
+# nbgrader collect copies a link as a link (its own copy follows it): autograde refuses it.
+c.ExchangeFactory.collect = KataCollect
 '''
 
 
@@ -89,17 +92,37 @@ def init(course: Path, assignment: str, katas: list[Kata]):
     return targets
 
 
-def submissions(course: Path, assignment: str, katas: list[Kata]) -> dict[str, dict[str, Path]]:
-    """student -> {kata slug: submitted notebook}."""
+def submissions(course: Path, assignment: str,
+                katas: list[Kata]) -> tuple[dict[str, dict[str, Path]], dict[str, str]]:
+    """student -> {kata slug: submitted notebook}, and the folders of submitted/ refused as
+    students (a printable name -> why)."""
     root = course / "submitted"
-    found = {}
+    if not root.is_dir():
+        return {}, {}
     # Students are the folders a class run accepts as learners (no links, printable names).
-    for name in learners(root) if root.is_dir() else []:
+    students, refused = learner_folders(root)
+    found = {}
+    for name in students:
         folder = root / name / assignment
         if folder.is_dir():
             found[name] = {k.slug: folder / f"{k.module}.ipynb" for k in katas
                                    if (folder / f"{k.module}.ipynb").is_file()}
-    return found
+    return found, refused
+
+
+def _graded_source(notebook: Path, student: Path) -> str:
+    """The code of a submitted notebook in ``student``'s folder; raises ValueError with the
+    sentence the learner reads when it is not graded."""
+    # A link (of the notebook or its folder) could lead to source/, where the reference is.
+    linked = linked_out(notebook, student)
+    if linked is not None:
+        raise ValueError(linked)
+    try:
+        return solution_source(notebook)
+    except TooLarge:
+        raise
+    except ValueError as exc:   # unreadable, or no solution cell left
+        raise ValueError(f"Your notebook was not graded: {exc}") from None
 
 
 def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sandbox: str = "bwrap",
@@ -110,7 +133,7 @@ def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sa
 
     from .batch import Grading
 
-    found = submissions(course, assignment, katas)
+    found, refused_folders = submissions(course, assignment, katas)
     if not found:
         raise LookupError(f"no submissions in {course / 'submitted'}/<student>/{assignment}/.")
     out = course / "kata" / assignment   # the kit's records, feedback.md and results per student
@@ -120,15 +143,17 @@ def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sa
         for student, notebooks in found.items():
             (subs / student).mkdir()
             for kata in katas:
+                if kata.slug not in notebooks:
+                    continue
                 try:
-                    source = solution_source(notebooks[kata.slug]) if kata.slug in notebooks else None
-                except ValueError as exc:   # unreadable, or no solution cell left: refused with the reason
-                    refused[student, kata.slug] = f"Your notebook was not graded: {exc}"
-                    source = None
-                if source is not None:
+                    source = _graded_source(notebooks[kata.slug], course / "submitted" / student)
+                except ValueError as exc:
+                    refused[student, kata.slug] = str(exc)
+                else:
                     (subs / student / kata.learner_file).write_text(source, encoding="utf-8")
         run = Grading(subs, out, katas, jobs=jobs, force=False, rules=rules.load_or_create(out, **(policy or {})),
-                      device="cpu", show_hidden_diagnoses=False, sandbox=sandbox, refused=refused)
+                      device="cpu", show_hidden_diagnoses=False, sandbox=sandbox, refused=refused,
+                      refused_folders=refused_folders)
         run.run(run.todo(), progress)
         run.write_class_files()
         results = run.results()

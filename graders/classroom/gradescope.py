@@ -51,9 +51,9 @@ fi
 
 # Learner code runs in bubblewrap's sandbox, or where this container refuses the namespaces bwrap
 # makes (Docker's default seccomp profile), as an unprivileged user of the container (see
-# run_autograder's `kata grade --container`).
-if ! command -v bwrap >/dev/null; then
-    apt-get update -q && apt-get install -y -q bubblewrap
+# run_autograder's `kata grade --container`), under a seccomp filter built with libseccomp.
+if ! command -v bwrap >/dev/null || ! ldconfig -p | grep libseccomp.so.2 >/dev/null; then
+    apt-get update -q && apt-get install -y -q bubblewrap libseccomp2
 fi
 
 torch="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["torch"])' "$root/source/config.json")"

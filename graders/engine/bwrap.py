@@ -1,13 +1,14 @@
 """What a sandbox sees under bubblewrap: the ``bwrap`` command line that starts a zygote.
 
 The zygote runs in its own user (unless the caller is root), pid, mount, network, IPC and UTS
-namespaces, dies with its parent, and sees a read-only filesystem built from nothing: the
-system's libraries (/usr), the Python installation's standard library and interpreter, and of
-its site-packages only the distributions a worker imports (NumPy, torch and what they require),
-bound one by one. Every site-packages folder that lies inside a bound tree is covered by an
-empty tmpfs first, so the kit itself (``reference/``, ``graders/``), a checkout beside the
-interpreter, HOME, the class's folders and everything else simply do not exist in there. The
-zygote forks each worker into namespaces of its own (see ``worker.zygote``).
+namespaces, dies with its parent, runs under a seccomp filter (see seccomp.py), and sees a
+read-only filesystem built from nothing: the system's shared libraries (/usr/lib), the Python
+installation's standard library and interpreter, and of its site-packages only the distributions
+a worker imports (NumPy, torch and what they require), bound one by one. Every site-packages
+folder and checkout of the kit that lies inside a bound tree is covered by an empty tmpfs first,
+so the kit itself (``reference/``, ``graders/``), a checkout beside the interpreter or under /usr,
+HOME, the class's folders and everything else simply do not exist in there. The zygote forks each
+worker into namespaces of its own (see ``worker.zygote``).
 
 As root the zygote stays root outside any user namespace (with the few capabilities it needs to
 make those namespaces) and each worker becomes an unprivileged user of its own; otherwise the
@@ -27,6 +28,9 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+
+from . import seccomp
+from .manifest import ROOT
 
 INSTALL = "apt-get install bubblewrap"
 WORKER = "/kata/worker.py"   # where the worker's own source is bound, alone
@@ -84,8 +88,21 @@ def _inside(path: Path, trees) -> bool:
     return any(path == tree or tree in path.parents for tree in trees)
 
 
-def command(frameworks, *, cuda: bool = False, warm: bool = False) -> list[str]:
-    """The bwrap command line that runs the zygote ``python -I WORKER FRAMEWORKS isolated [warm]``."""
+def seccomp_fd() -> int:
+    """A file descriptor holding the zygote's seccomp filter, for ``command``'s ``seccomp_fd``."""
+    try:
+        program = seccomp.zygote()
+    except seccomp.Unavailable as exc:
+        raise Unavailable(str(exc)) from None
+    fd = os.memfd_create("kata-seccomp")
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def command(frameworks, *, cuda: bool = False, warm: bool = False, seccomp_fd: int | None = None) -> list[str]:
+    """The bwrap command line that runs the zygote ``python -I WORKER FRAMEWORKS isolated [warm]``,
+    under the seccomp filter that ``seccomp_fd`` holds (see ``seccomp_fd``; the caller passes it on)."""
     exe = shutil.which("bwrap")
     if exe is None:
         raise Unavailable(f"bubblewrap (bwrap) is not installed (`{INSTALL}`)")
@@ -96,6 +113,8 @@ def command(frameworks, *, cuda: bool = False, warm: bool = False) -> list[str]:
             args += ["--cap-add", cap]
     else:
         args += ["--unshare-user", "--cap-add", "CAP_SYS_ADMIN"]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     args += _view()
     if cuda:
         for device in sorted(Path("/dev").glob("nvidia*")):
@@ -107,50 +126,63 @@ def command(frameworks, *, cuda: bool = False, warm: bool = False) -> list[str]:
 
 @functools.cache
 def _view() -> list[str]:
-    """The filesystem's part of the command line (once a process: it reads the packages' RECORDs)."""
-    args = ["--ro-bind", "/usr", "/usr"]
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        path = Path("/") / name
+    """The filesystem's part of the command line (once a process: it reads the packages' RECORDs).
+
+    Built from what the interpreter needs, wherever the kit lies: the system's shared libraries
+    (/usr/lib and its siblings, never /usr whole, where /usr/local/src may hold a checkout of the
+    kit), Python's own files and the workers' distributions. A checkout of the kit that lies inside
+    a bound tree all the same is covered by an empty tmpfs, as site-packages are."""
+    # bwrap would make the folders above each destination private (0700): made readable first.
+    args = ["--perms", "0755", "--dir", "/usr", "--perms", "0755", "--dir", "/etc"]
+    whole = []   # trees bound as they are
+    for path in [*map(Path, ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32")),
+                 *(Path("/") / name for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"))]:
         if path.is_symlink():
             args += ["--symlink", os.readlink(path), str(path)]
         elif path.is_dir():
             args += ["--ro-bind", str(path), str(path)]
+            whole.append(path)
     args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     args += ["--proc", "/proc", "--dev", "/dev", "--size", str(ZYGOTE_TMP_BYTES), "--tmpfs", "/tmp"]
+    covered = [ROOT] if _inside(ROOT, whole) else []
+    for folder in covered:
+        args += ["--tmpfs", str(folder)]
+    trees = []   # bound below, whole
+
+    def shown(path: Path) -> bool:
+        return _inside(path, trees) or (_inside(path, whole) and not _inside(path, covered))
 
     # The interpreter and its standard library; in a virtual environment, its pyvenv.cfg too.
     binds = []   # (source, destination), bound read-only in this order
-    trees = [Path("/usr")]
     for folder in sorted({Path(os.__file__).parent, Path(_ctypes.__file__).parent}):
-        if not _inside(folder, trees):
+        if not shown(folder):
             binds.append((folder, folder))
             trees.append(folder)
     interpreter = Path(sys.executable)
-    if not _inside(interpreter, trees):
+    if not shown(interpreter):
         binds.append((interpreter.resolve(), interpreter))
     if sysconfig.get_config_var("Py_ENABLE_SHARED"):
         lib = Path(sysconfig.get_config_var("LIBDIR")) / sysconfig.get_config_var("INSTSONAME")
-        if lib.exists() and not _inside(lib, trees):
+        if lib.exists() and not shown(lib):
             binds.append((lib.resolve(), lib))
     for config in (interpreter.parent / "pyvenv.cfg", interpreter.parent.parent / "pyvenv.cfg"):
         if config.is_file():   # where Python looks (sys.prefix says so only once site.py has run)
             binds.append((config, config))
 
-    # Site-packages: hidden wherever they lie inside a bound tree, then the worker's distributions.
+    # Site-packages: hidden wherever they show, then the worker's distributions.
     site_dirs = {Path(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
     site_dirs |= {Path(sysconfig.get_path(key, vars=base)) for key in ("purelib", "platlib")
                   for base in ({}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix})}
-    hidden = sorted(d for d in site_dirs if d.is_dir() and _inside(d, trees))
+    hidden = sorted(d for d in site_dirs if d.is_dir() and shown(d))
     # Both frameworks whatever the zygote preloads: a NumPy kata's learner may import torch (and
     # be told it is a banned API), and must not be told it is missing.
     packages = [(path, path) for dist in distributions(FRAMEWORKS) for path in sorted(_dist_paths(dist))]
     worker = [(Path(__file__).with_name("worker.py"), Path(WORKER))]
 
-    # bwrap would make the folders above each destination private (0700): made readable first.
     made = set()
     for _, dest in binds + packages + worker:
         for folder in reversed(dest.parents[:-1]):
-            if folder not in made and not _inside(folder, trees + hidden):
+            if folder not in made and not shown(folder) and not _inside(folder, hidden):
                 made.add(folder)
                 args += ["--perms", "0755", "--dir", str(folder)]
     for source, dest in binds:
@@ -159,7 +191,7 @@ def _view() -> list[str]:
         args += ["--tmpfs", str(folder)]
     for source, dest in packages + worker:
         args += ["--ro-bind", str(source), str(dest)]
-    for folder in hidden:
+    for folder in hidden + covered:
         args += ["--remount-ro", str(folder)]
     return args
 
@@ -168,14 +200,19 @@ def _view() -> list[str]:
 def problem() -> str | None:
     """None when bwrap can make a sandbox here, else a sentence saying why not (once a process)."""
     try:
-        args = command(["numpy"])
-    except Unavailable as exc:
+        fd = seccomp_fd()
+        args = command(["numpy"], seccomp_fd=fd)
+        seccomp.request()   # the workers' filter too
+    except (Unavailable, seccomp.Unavailable) as exc:
         return str(exc)
-    probe = args[:args.index("--") + 1] + ["true"]
+    probe = args[:args.index("--") + 1] + [sys.executable, "-I", "-S", "-V"]   # the interpreter starts
     try:
-        done = subprocess.run(probe, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+                              pass_fds=(fd,))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap (bwrap) could not start a sandbox: {exc}"
+    finally:
+        os.close(fd)
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
         return f"bubblewrap (bwrap) could not start a sandbox here ({said})"

@@ -80,6 +80,7 @@ class Learner:
         self._sandbox, self.device, self.seed, self._trace = sandbox, device, seed, trace
         self._recording = None
         self._printed = []
+        self.custom_operators = set()   # seen in a recording: what their bodies computed was not recorded
 
     def __getattr__(self, name):
         if name.startswith("_"):
@@ -93,6 +94,10 @@ class Learner:
     @property
     def source(self) -> str:
         return self._sandbox.source_text.decode("utf-8", "replace")
+
+    @property
+    def framework(self) -> str:
+        return self._sandbox.framework
 
     def names(self) -> list[str]:
         """Public names the learner's file defines (loads it first)."""
@@ -149,9 +154,58 @@ class Learner:
                 "peak_bytes": peak if type(peak) is int else None}
 
     def peak_bytes(self, member, *args, **kwargs) -> int | None:
-        """Peak memory of one call ``member(*args, **kwargs)`` (no grad) in the sandbox, in bytes
-        above what was allocated before it: CUDA's peak on CUDA, on the CPU the largest total of
-        live tensors the call created. None if the sandbox sent no integer."""
+        """Peak memory of one call ``member(*args, **kwargs)`` in the sandbox, in bytes above what
+        the worker held before it, as the kernel counts the worker's resident pages, read from this
+        process: the arguments are sent and kept first, the worker's peak is reset, then the call
+        runs and its result stays there. Memory held any way counts (tensors, NumPy arrays, Python
+        objects), and no code in the worker takes part in the measure. The library code a call
+        runs for the first time is paged in, and counted: measure a call whose code ran before.
+        On CUDA, whose memory no page count shows, the CUDA allocator's peak (``tensor_peak_bytes``).
+        None if it could not be measured."""
+        if self.device == "cuda":
+            return self.tensor_peak_bytes(member, *args, **kwargs)
+        target = (member._handle, ["__call__"]) if isinstance(member, Remote) else (member._handle, member._path)
+        what = call_text(member._label, args, kwargs)
+        blobs = []
+        header = {"op": "keep", "args": [self._encode(a, blobs) for a in args],
+                  "kwargs": {k: self._encode(v, blobs) for k, v in kwargs.items()}}
+        kept = self._request(header, blobs, what, member._label)
+        try:
+            kept_args, kept_kwargs = kept
+            header = {"op": "call", "target": list(target), "seed": self.seed, "discard": True,
+                      "args": [self._encode(a, []) for a in kept_args],
+                      "kwargs": {k: self._encode(v, []) for k, v in kept_kwargs.items()}}
+        except (TypeError, ValueError):   # the worker answered something else than handles
+            raise SandboxFailed("The sandbox sent a malformed value.", call=what) from None
+        try:
+            self._sandbox.reset_peak()
+            before = self._sandbox.memory()["peak"]
+        except (OSError, KeyError):
+            return None
+        self._request(header, [], what, member._label)
+        try:
+            return max(0, self._sandbox.memory()["peak"] - before)
+        except (OSError, KeyError):
+            return None
+
+    def resident_bytes(self) -> int | None:
+        """The worker's own resident memory now (its anonymous pages: no library's code, no file's
+        cache), as the kernel counts it, read from this process; None on CUDA, whose memory no page
+        count shows, or where it could not be read."""
+        if self.device == "cuda":
+            return None
+        self._load()
+        try:
+            return self._sandbox.memory()["anonymous"]
+        except (OSError, KeyError):
+            return None
+
+    def tensor_peak_bytes(self, member, *args, **kwargs) -> int | None:
+        """Peak memory of one call ``member(*args, **kwargs)`` (no grad) as the worker tallies it,
+        in bytes above what was allocated before it: CUDA's peak on CUDA, on the CPU the largest
+        total of live tensors the call created. The learner's code could change that tally: for
+        what the learner is shown of their own code (plots), never for a grade (``peak_bytes``).
+        None if the sandbox sent no integer."""
         target = (member._handle, ["__call__"]) if isinstance(member, Remote) else (member._handle, member._path)
         blobs = []
         header = {"op": "peak", "target": list(target), "seed": self.seed, "device": self.device,
@@ -204,7 +258,9 @@ class Learner:
         self._printed.append(output)
         traced = self._trace is not None and header["op"] in ("call", "getattr")
         if self._recording is not None and isinstance(reply.get("ops"), list):
-            self._recording.extend(op for op in reply["ops"] if isinstance(op, dict))
+            ops = [op for op in reply["ops"] if isinstance(op, dict)]
+            self._recording.extend(ops)
+            self.custom_operators |= _custom_operators(ops)
         if not reply.get("ok"):
             error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
             if traced:
@@ -364,10 +420,14 @@ def _npy(array, blobs):
     return len(blobs) - 1
 
 
+NPY_HEADER_MAX = 4096 + 12   # read_array_header's max_header_size, after the magic and the length
+
+
 def _array(blob) -> np.ndarray:
     """A plain numeric array from a .npy blob, whose header must describe exactly the bytes that
-    follow it: a forged header cannot make this process allocate more than the blob it read."""
-    stream = io.BytesIO(blob)
+    follow it: a forged header cannot make this process allocate more than the blob it read. The
+    array is the blob's own memory where the blob is writable (as ``read_exact``'s are)."""
+    stream = io.BytesIO(bytes(memoryview(blob)[:NPY_HEADER_MAX]))   # the header only
     read_header = {(1, 0): np.lib.format.read_array_header_1_0,
                    (2, 0): np.lib.format.read_array_header_2_0}.get(np.lib.format.read_magic(stream))
     if read_header is None:
@@ -378,7 +438,19 @@ def _array(blob) -> np.ndarray:
     data = memoryview(blob)[stream.tell():]
     if math.prod(shape) * dtype.itemsize != len(data):
         raise ValueError("array header does not match its data")
-    return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C").copy()
+    array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    return array if array.flags.writeable else array.copy()
+
+
+def _custom_operators(ops) -> set[str]:
+    """The custom operators (torch.library's) among recorded calls: the recorder sees such an
+    operator called, never the torch calls its body makes."""
+    found = set()
+    for op in ops:
+        module = str(op.get("module") or "")
+        if module.startswith("torch._ops.") and module != "torch._ops.aten":   # aten: torch's own
+            found.add(f"torch.ops.{module.removeprefix('torch._ops.')}.{op.get('name')}")
+    return found
 
 
 def _torch_dtype(torch, name):

@@ -18,6 +18,7 @@ from . import bundle
 from .manifest import ROOT, Kata
 from .recording import Book, Store
 from .sandbox import Sandbox, SandboxUnusable, Zygote
+from .untrusted import too_large
 
 DEVICES = ("auto", "cpu", "cuda")
 # pytest's builtin plugins that no grader uses, blocked so that no run calls their hooks (up to 3 ms
@@ -54,7 +55,11 @@ def resolve_device(kata: Kata, device: str) -> str:
 def sandbox_for(kata: Kata, file: Path, *, device: str, zygote: Zygote | None = None):
     """A started sandbox running ``file`` under ``kata``'s limits, forked from ``zygote`` or from
     a zygote of its own (under bwrap where it can be had: self-study falls back to a plain
-    process, see ``sandbox.fallback_note``); everything it started is closed on exit."""
+    process, see ``sandbox.fallback_note``); everything it started is closed on exit. A file too
+    large to be a kata's is refused before the sandbox reads it whole."""
+    refused = too_large(file)
+    if refused is not None:
+        raise RunnerError(refused)
     may_use_cuda = kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
     own_zygote = zygote is None
     if own_zygote:
@@ -65,7 +70,9 @@ def sandbox_for(kata: Kata, file: Path, *, device: str, zygote: Zygote | None = 
     try:
         sandbox = Sandbox(file, zygote=zygote, framework=kata.framework, module_name=kata.module,
                           timeout_s=kata.timeout_s, import_timeout_s=kata.import_timeout_s,
-                          memory_mb=kata.memory_mb, data_limit=not may_use_cuda).start()
+                          memory_mb=kata.memory_mb, data_limit=not may_use_cuda,
+                          # CUDA's driver starts threads of its own
+                          spawn=kata.framework != "torch" or may_use_cuda).start()
         try:
             yield sandbox
         finally:

@@ -20,29 +20,36 @@ a fresh worker.
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import os
 import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from pathlib import Path
 
-from . import bwrap
+from . import bwrap, seccomp
 from . import worker as wire
+from .untrusted import encodable
 
 WORKER = Path(wire.__file__)
 STARTUP_TIMEOUT_S = 120.0   # importing torch on a cold, busy machine
 MAX_TIMEOUTS = 2
 WALL_BACKSTOP = 5   # a request's wall-clock limit, in multiples of its CPU time limit (see Budget)
+PAGE = os.sysconf("SC_PAGE_SIZE")
 SAMPLE_S = 0.05     # how often the trusted side looks at a running request's memory and CPU time
-# As root, each trusted process gives its sandboxes a user of their own (uid = gid, no name
-# needed), so two sandboxes never share a user that could signal or trace the other.
-SANDBOX_UID_BASE, SANDBOX_UIDS = 20000, 40000
+# As root, each sandbox runs as a user of its own (uid = gid, no name needed), so no two sandboxes
+# share a user that could signal or trace the other, or a user keyring: each trusted process takes
+# a block of SANDBOX_UIDS users by its pid, and the next of them for each sandbox it starts. All
+# below 65536, the users a container with a remapped user namespace has.
+SANDBOX_UID_BASE, SANDBOX_UIDS, SANDBOX_BLOCKS = 20000, 64, 625
 
 
 class SandboxError(Exception):
@@ -78,7 +85,11 @@ def scrubbed_env(tmp: str) -> dict:
     env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8",
            "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
            # Small tensors: one thread is faster and keeps two sandboxes off each other's cores.
-           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           # Every allocation of 128 kB or more gets pages of its own and gives them back when
+           # freed (glibc would otherwise raise that threshold as it goes and reuse freed memory):
+           # the peak resident memory of a call is then the memory it made (Learner.peak_bytes).
+           "MALLOC_MMAP_THRESHOLD_": str(128 << 10)}
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
     return env
@@ -174,7 +185,8 @@ def container_problem(private=()) -> str | None:
                 "container, so kata grade must run as root there")
     try:
         uid = sandbox_uid(isolated=False)
-    except SandboxUnusable as exc:
+        seccomp.request()
+    except (SandboxUnusable, seccomp.Unavailable) as exc:
         return str(exc)
     exposed = _allowed(uid, "read", kit_files()) + _allowed(uid, "reach", private)
     if exposed:
@@ -186,14 +198,15 @@ def container_problem(private=()) -> str | None:
 
 
 def sandbox_uid(isolated: bool = True) -> int | None:
-    """The unprivileged user this process's sandboxes run as when it is root (else None).
+    """The first of the unprivileged users this process's sandboxes run as when it is root (else
+    None); the others differ from it only by their number, so they read what it reads.
 
     Under bwrap that user reads Python through bwrap's own folders, whatever the folders above
     the installation allow. Without bwrap it reads the real folders: raises SandboxUnusable when
     it could not import Python's own modules from them."""
     if os.geteuid() != 0:
         return None
-    uid = SANDBOX_UID_BASE + os.getpid() % SANDBOX_UIDS
+    uid = SANDBOX_UID_BASE + os.getpid() % SANDBOX_BLOCKS * SANDBOX_UIDS
     if isolated:
         return uid
     missing = unreadable_for(uid)
@@ -261,20 +274,43 @@ class Zygote:
             self.uid = None   # root: self-study's fallback (its note says so) or --no-sandbox, as asked
         if self.containment == "container" and self.uid is None:
             raise SandboxUnusable(container_problem())
+        # Every worker loads the seccomp filter; bwrap and container containment need it (see
+        # bwrap.problem and container_problem), a self-study run in a plain process goes without
+        # where libseccomp is missing.
+        try:
+            self.seccomp = bool(seccomp.request())
+        except seccomp.Unavailable:
+            if self.containment != "process":
+                raise
+            self.seccomp = False
+        self.users = 0   # sandbox users handed out (as root, see ``user``)
         self.proc = None
         self.pending = None   # the ForkedProcess whose pid reply is not read yet
 
     def _start(self):
         self.home = tempfile.mkdtemp(prefix="kata-zygote-")
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        filter_fd = bwrap.seccomp_fd() if self.isolated else None
         if self.isolated:
-            command = bwrap.command(self.frameworks.split(","), cuda=self.cuda, warm=self.warm)
+            command = bwrap.command(self.frameworks.split(","), cuda=self.cuda, warm=self.warm, seccomp_fd=filter_fd)
         else:
             command = [sys.executable, "-I", str(WORKER), self.frameworks, *(["warm"] if self.warm else [])]
-        with open(Path(self.home) / "stderr", "wb") as err:
-            self.proc = subprocess.Popen(command, cwd=self.home, env=scrubbed_env(self.home), stdin=theirs,
-                                         stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-        theirs.close()
+        try:
+            with open(Path(self.home) / "stderr", "wb") as err:
+                self.proc = subprocess.Popen(command, cwd=self.home, env=scrubbed_env(self.home), stdin=theirs,
+                                             stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                             pass_fds=() if filter_fd is None else (filter_fd,))
+        finally:
+            theirs.close()
+            if filter_fd is not None:
+                os.close(filter_fd)
+
+    def user(self) -> int | None:
+        """The user the next sandbox runs as: as root, one no other sandbox of this process had."""
+        if self.uid is None:
+            return None
+        self.users += 1
+        return self.uid + self.users % SANDBOX_UIDS
 
     def close(self):
         if self.proc is not None:
@@ -294,7 +330,7 @@ class Zygote:
         self.close()
 
     def fork(self, *, directory: str, file_name: str, source: bytes, framework: str, memory_mb: int,
-             fds: list[int], stderr_fd: int):
+             uid: int | None, spawn: bool, fds: list[int], stderr_fd: int):
         if self.proc is not None and self.proc.poll() is not None:
             self.close()
         if self.proc is None:
@@ -307,7 +343,8 @@ class Zygote:
             os.lseek(source_fd, 0, os.SEEK_SET)
             directory = "/tmp" if self.isolated else directory
             request = {"op": "fork", "dir": directory, "file": file_name, "framework": framework,
-                       "memory_mb": memory_mb, "env": scrubbed_env(directory), "uid": self.uid}
+                       "memory_mb": memory_mb, "env": scrubbed_env(directory), "uid": uid,
+                       "seccomp": seccomp.request(spawn) if self.seccomp else None}
             socket.send_fds(self.sock, [json.dumps(request).encode()], [*fds, source_fd])
         finally:
             os.close(source_fd)
@@ -468,7 +505,7 @@ class Budget:
 
 class Sandbox:
     def __init__(self, source: Path, *, zygote: Zygote, framework: str, module_name: str, timeout_s: float,
-                 import_timeout_s: float, memory_mb: int, data_limit: bool = True):
+                 import_timeout_s: float, memory_mb: int, data_limit: bool = True, spawn: bool = True):
         self.zygote = zygote
         self.source_text = Path(source).read_bytes()   # the file as handed in: what scans read
         self.appended = b""   # trusted code the worker loads after it (see ``sibling``)
@@ -482,6 +519,7 @@ class Sandbox:
         # a CUDA context may be created (untested with CUDA's host reservations). The RSS watch
         # in _wait caps memory either way.
         self.data_limit = data_limit
+        self.spawn = spawn   # False: the worker is killed if it starts a thread or a process (see seccomp.py)
         self.proc = None
         self.loaded = None          # the load reply, once loaded
         self.load_error = None      # a LoadError, once loading failed: never retried
@@ -494,16 +532,18 @@ class Sandbox:
         """Fork the worker; it may still be waiting for the zygote's imports when this returns."""
         # An isolated worker writes the file into its own private /tmp; otherwise it gets an
         # empty folder of its own here (owned by the sandbox user, as root).
+        self.uid = self.zygote.user()
         self.tmp = None if self.zygote.isolated else tempfile.mkdtemp(prefix="kata-sandbox-")
-        if self.tmp is not None and self.zygote.uid is not None:
-            os.chown(self.tmp, self.zygote.uid, self.zygote.uid)
+        if self.tmp is not None and self.uid is not None:
+            os.chown(self.tmp, self.uid, self.uid)
         req_r, self.req_w = os.pipe()
         self.resp_r, resp_w = os.pipe()
         err_r, err_w = os.pipe()
         self.proc = self.zygote.fork(directory=self.tmp, file_name=self.file_name,
                                      source=self.source_text + self.appended,
                                      framework=self.framework,
-                                     memory_mb=self.memory_mb if self.data_limit else 0,
+                                     memory_mb=self.memory_mb if self.data_limit else 0, uid=self.uid,
+                                     spawn=self.spawn,
                                      fds=[req_r, resp_w, err_w], stderr_fd=err_r)
         for fd in (req_r, resp_w, err_w):
             os.close(fd)
@@ -614,6 +654,7 @@ class Sandbox:
         except (ValueError, UnicodeDecodeError) as exc:
             self._kill()
             raise SandboxError("protocol", f"the sandbox sent a malformed reply during {what} ({exc}).") from None
+        header = encodable(header)   # the learner's text, which results, feedback and history write as UTF-8
         if "ok" not in header and header.get("op") != "ready":
             self._kill()
             raise SandboxError("protocol", f"the sandbox sent a malformed reply during {what}.")
@@ -668,29 +709,52 @@ class Sandbox:
                            f"used {budget.meter.seconds:.1f} s of its {budget.cpu_s:g} s of CPU time")
 
     def _sample(self, memory: bool = True) -> tuple[float, dict]:
-        """One look at the worker's process tree from outside: its resident memory in MB (a child
-        holds memory too; 0 if not ``memory``), and each process's CPU ticks (own, waited-for
+        """One look at the worker's process tree from outside: the memory it holds in MB (0 if not
+        ``memory``; see ``_held_bytes``), and each process's CPU ticks (own, waited-for
         children's) by (pid, start time), for a CpuMeter."""
         if self.proc.poll_pid() is None:
             return 0.0, {}
-        pages, ticks = 0, {}
-        for pid in self.proc.tree():
+        tree, ticks = self.proc.tree(), {}
+        for pid in tree:
             try:
-                if memory:
-                    pages += int(_read_proc(f"/proc/{pid}/statm").split()[1])
                 stat = _read_proc(f"/proc/{pid}/stat")
                 # The fields after the command name, which the learner's code chooses (")" included).
                 fields = stat[stat.rindex(b")") + 2:].split()
                 ticks[pid, fields[19]] = (int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14]))
             except (OSError, IndexError, ValueError):
                 pass
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20, ticks
+        return (_held_bytes(tree, self.zygote.isolated) / 2**20 if memory else 0.0), ticks
+
+    def memory(self) -> dict[str, int]:
+        """The worker's memory as the kernel counts it, in bytes (read from here, outside it): its
+        "peak" resident memory (since ``reset_peak``) and its "anonymous" resident memory now (its
+        own pages: no library's code, no file's cache)."""
+        fields = {"VmHWM:": "peak", "RssAnon:": "anonymous"}
+        found = {}
+        for line in _read_proc(f"/proc/{self.proc.pid}/status", 1 << 13).splitlines():
+            name, *value = line.decode().split()
+            if name in fields:
+                found[fields[name]] = int(value[0]) << 10   # kB
+        return found
+
+    def reset_peak(self):
+        """Make the worker's peak resident memory its current one (its /proc's clear_refs; inside
+        the sandbox the worker cannot write it, see ``worker._private_mounts``)."""
+        fd = os.open(f"/proc/{self.proc.pid}/clear_refs", os.O_WRONLY)
+        try:
+            os.write(fd, b"5")
+        finally:
+            os.close(fd)
 
     def _died(self, what):
         # Its reply channel closed: it exited, or closed the channel and must be stopped.
         code = self.proc.wait(timeout_s=1.0)
         if code is None:
             code = self._kill()
+        if code == -signal.SIGSYS:   # the only system calls the filter kills for (see seccomp.py)
+            return SandboxError("crash", f"your code started a thread or a process during {what}, which a torch "
+                                "kata's sandbox does not allow (the graders see only the work of your own thread), "
+                                "so the sandbox was stopped.")
         tail = self.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-1:] if self.stderr_tail else []
         if code is None:
             how = "closed its channel to the grader"
@@ -705,11 +769,50 @@ class Sandbox:
         return SandboxError("crash", f"the sandbox process {how} during {what}.{detail}")
 
 
-def _read_proc(path: str) -> bytes:
+def _held_bytes(tree: list[int], isolated: bool) -> int:
+    """The memory a worker's process tree holds, read from the kernel by this process: each
+    process's resident pages (a child holds memory too), what its pipes hold (a pipe, opened again
+    through /proc, says how many bytes wait in it), and, isolated, the files in its private /tmp
+    and /dev/shm (tmpfs: memory too). Sockets, memfds and SysV shared memory, whose memory no one
+    could see from here, are refused by the seccomp filter."""
+    held, pipes = 0, set()
+    for pid in tree:
+        try:
+            held += int(_read_proc(f"/proc/{pid}/statm").split()[1]) * PAGE
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except (OSError, IndexError, ValueError):
+            continue
+        for fd in fds:
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                target = os.readlink(path)
+                if not target.startswith("pipe:") or target in pipes:
+                    continue
+                pipes.add(target)
+                pipe = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                held += struct.unpack("i", fcntl.ioctl(pipe, termios.FIONREAD, b"\0" * 4))[0]
+            except OSError:
+                pass
+            finally:
+                os.close(pipe)
+    if isolated and tree:
+        for folder in ("tmp", "dev/shm"):
+            try:
+                fs = os.statvfs(f"/proc/{tree[0]}/root/{folder}")
+            except OSError:
+                continue
+            held += (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+    return held
+
+
+def _read_proc(path: str, size: int = 4096) -> bytes:
     """A small /proc file, whole (one read, without a Python file object: sampled every request)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return os.read(fd, 4096)
+        return os.read(fd, size)
     finally:
         os.close(fd)
 

@@ -5,14 +5,17 @@ environment, so it imports nothing from the kit: the trusted side imports the wi
 here, never the other way round. The zygote forks one worker per learner file (see ``zygote``);
 a worker runs in its own empty temporary directory holding a copy of that file and answers
 requests one at a time: load the learner's file, call a function or a method of an object it
-returned, read an attribute, describe a module, time a call or measure its peak memory, and hand
-out one of the kit's own functions (KIT_FUNCTIONS) to call beside the learner's. Values cross as
-JSON and ``.npy`` blobs, never pickle.
+returned (with arguments it keeps from an earlier request, and without sending the result back,
+when the trusted side measures the call's peak memory from outside), read an attribute, describe
+a module, time a call or tally the tensors it makes (for plots), and hand out one of the kit's own
+functions (KIT_FUNCTIONS) to call beside the learner's. Values cross as JSON and ``.npy`` blobs,
+never pickle.
 
 Nothing in this process is trusted. The learner's code can replace any of it; the trusted side
 parses every reply strictly and judges only plain data.
 """
 import ctypes
+import errno
 import io
 import json
 import os
@@ -43,17 +46,18 @@ def write_frame(fd, header, blobs=()):
 
 
 def read_exact(fd, n, wait=None):
-    """Read n bytes; ``wait()``, if given, blocks until fd is readable or raises."""
-    parts, left = [], n
-    while left:
+    """Read n bytes into one buffer, so that a reply of n bytes costs n bytes (a bytearray: arrays
+    are read from it without a copy); ``wait()``, if given, blocks until fd is readable or raises."""
+    buffer = bytearray(n)
+    view, got = memoryview(buffer), 0
+    while got < n:
         if wait is not None:
             wait()
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
+        read = os.readv(fd, [view[got:got + (1 << 20)]])
+        if not read:
             raise EOFError("the other side closed the channel")
-        parts.append(chunk)
-        left -= len(chunk)
-    return b"".join(parts)
+        got += read
+    return buffer
 
 
 def parse_frame(read):
@@ -249,40 +253,42 @@ def _summary(value):
     return _qualname(value)
 
 
-class _recorder:
-    """Records, in call order, every torch function called (a TorchFunctionMode) and every
-    nn.Module called (a global forward pre-hook; these entries have ``"kind": "module"`` and the
-    class's name and module)."""
+def _recorder():
+    """The recorder of a structure check's calls, made before the learner's file is imported (so
+    that no later change to torch's modules reaches it): ``Recorder(ops)`` records, in call order,
+    every torch function called (a TorchFunctionMode) and every nn.Module called (a global forward
+    pre-hook; these entries have ``"kind": "module"`` and the class's name and module). A custom
+    operator is recorded by its own name, not by what its body calls (the trusted side refuses it)."""
+    from torch.nn.modules.module import register_module_forward_pre_hook
+    from torch.overrides import TorchFunctionMode
 
-    def __init__(self, ops):
-        from torch.overrides import TorchFunctionMode
+    class Recorder(TorchFunctionMode):
+        def __init__(self, ops):
+            super().__init__()
+            self.ops = ops
 
-        class Recorder(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                ops.append({"kind": "function", "name": getattr(func, "__name__", repr(func)),
-                            "module": getattr(func, "__module__", None) or "",
-                            "args": [_summary(a) for a in args],
-                            "kwargs": {k: _summary(v) for k, v in kwargs.items()}})
-                return func(*args, **kwargs)
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            self.ops.append({"kind": "function", "name": getattr(func, "__name__", repr(func)),
+                             "module": getattr(func, "__module__", None) or "",
+                             "args": [_summary(a) for a in args],
+                             "kwargs": {k: _summary(v) for k, v in kwargs.items()}})
+            return func(*args, **kwargs)
 
-        self.ops, self.mode = ops, Recorder()
+        def _module_called(self, module, args):
+            cls = type(module)
+            self.ops.append({"kind": "module", "name": cls.__name__, "module": cls.__module__,
+                             "args": [_summary(a) for a in args], "kwargs": {}})
 
-    def _module_called(self, module, args):
-        cls = type(module)
-        self.ops.append({"kind": "module", "name": cls.__name__, "module": cls.__module__,
-                         "args": [_summary(a) for a in args], "kwargs": {}})
+        def __enter__(self):
+            self.hook = register_module_forward_pre_hook(self._module_called)
+            return super().__enter__()
 
-    def __enter__(self):
-        from torch.nn.modules.module import register_module_forward_pre_hook
+        def __exit__(self, *exc):
+            super().__exit__(*exc)
+            self.hook.remove()
 
-        self.hook = register_module_forward_pre_hook(self._module_called)
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.mode.__exit__(*exc)
-        self.hook.remove()
+    return Recorder
 
 
 # --- the server --------------------------------------------------------------------------------
@@ -298,6 +304,9 @@ class Worker:
         self.codec = Codec()
         self.module = None
         self.source_name = None
+        # Made before the learner's file is imported wherever torch is loaded by then (the
+        # zygote loads it for every torch kata).
+        self.recorder = _recorder() if "torch" in sys.modules else None
 
     def serve(self):
         import numpy  # noqa: F401  (the import is the warm-up)
@@ -333,6 +342,12 @@ class Worker:
                 args = [self.codec.decode(a, blobs) for a in request.get("args", [])]
                 kwargs = {k: self.codec.decode(v, blobs) for k, v in request.get("kwargs", {}).items()}
                 reply["value"] = self.codec.encode(_measure(target, args, kwargs, request["repeats"]), out_blobs)
+            elif op == "keep":   # the arguments of a call to come, so that decoding them is not part of it
+                def kept(value):
+                    return {"handle": self.codec.handle(self.codec.decode(value, blobs)), "type": "kept", "repr": ""}
+
+                reply["value"] = {"list": [{"list": [kept(a) for a in request["args"]]},
+                                           {"dict": {k: kept(v) for k, v in request["kwargs"].items()}}]}
             elif op == "peak":
                 target = self.resolve(request["target"])
                 args = [self.codec.decode(a, blobs) for a in request.get("args", [])]
@@ -355,11 +370,13 @@ class Worker:
                     args = [self.codec.decode(a, blobs) for a in request.get("args", [])]
                     kwargs = {k: self.codec.decode(v, blobs) for k, v in request.get("kwargs", {}).items()}
                     if request.get("record") and "torch" in sys.modules:
-                        with _recorder(ops):
+                        if self.recorder is None:   # a NumPy kata's file that imported torch itself
+                            self.recorder = _recorder()
+                        with self.recorder(ops):
                             result = target(*args, **kwargs)
                     else:
                         result = target(*args, **kwargs)
-                reply["value"] = self.codec.encode(result, out_blobs)
+                reply["value"] = None if request.get("discard") else self.codec.encode(result, out_blobs)
                 if request.get("echo"):   # the arguments as the call left them: did it write into them?
                     reply["args_after"] = self.codec.encode([args, kwargs], out_blobs)
             else:
@@ -445,7 +462,8 @@ def _measure(target, args, kwargs, repeats):
 def _peak_bytes(target, args, kwargs, cuda):
     """The peak memory one call of ``target`` (no grad) takes above what was allocated before it:
     the CUDA allocator's peak on CUDA; on the CPU, which keeps no such statistic, the largest total
-    of the tensors the call created that were alive at the same time."""
+    of the tensors the call created that were alive at the same time. Measured in here, so for
+    the learner's own plots only: a grade uses what the kernel counts (``Learner.peak_bytes``)."""
     import torch
 
     with torch.no_grad():
@@ -577,7 +595,9 @@ def main(argv):
 NPROC = 64                  # processes and threads of one sandbox: no fork bomb
 FILE_BYTES = 64 << 20       # the largest file a worker may write
 TMP_BYTES = 64 << 20        # each of the worker's private /tmp and /dev/shm
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, PR_SET_SECCOMP = 1, 38, 36, 22
+SECCOMP_MODE_FILTER = 2
+KEYCTL_JOIN_SESSION_KEYRING = 1
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = (
     0x20000, 0x4000000, 0x8000000, 0x20000000, 0x40000000)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = (
@@ -752,13 +772,22 @@ def _forked(sock, fds, request, isolated):
         elif isolated:
             resource.setrlimit(resource.RLIMIT_NPROC, (NPROC, NPROC))
             _drop_capabilities()
+        confined = request.get("seccomp")   # {"keyctl": its number here, "filter": the BPF program, in hex}
+        if confined:
+            # A session keyring of its own, empty: none of the grader's keys, none another sandbox
+            # left. Where keyctl is refused already (Docker's profile), no keyring can be reached.
+            joined = _libc.syscall(confined["keyctl"], KEYCTL_JOIN_SESSION_KEYRING, None) >= 0
+            if not joined and ctypes.get_errno() != errno.EPERM:
+                raise OSError(ctypes.get_errno(), "keyctl")
         # No set-user-ID program it runs (su, a container's sudo) gives privileges back.
         _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         if not isolated:
-            # Last: changing credentials clears the parent-death signal. A child that outlives its
-            # zygote (killed, not closed) is killed with it. (Isolated: bwrap's --die-with-parent
-            # and the pid namespaces do this.)
+            # After the credentials change, which clears the parent-death signal. A child that
+            # outlives its zygote (killed, not closed) is killed with it. (Isolated: bwrap's
+            # --die-with-parent and the pid namespaces do this.)
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if confined:
+            load_seccomp(bytes.fromhex(confined["filter"]))
         with open(request["file"], "wb") as copy:   # written as the sandbox user: the learner's own copy
             copy.write(text)
         sys.setrecursionlimit(3000)
@@ -770,16 +799,34 @@ def _forked(sock, fds, request, isolated):
         os._exit(code)
 
 
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load_seccomp(program):
+    """Load a classic-BPF seccomp filter (8 bytes an instruction) on this process and all it will
+    start; needs PR_SET_NO_NEW_PRIVS set first. Filters stack: it adds refusals, never lifts one."""
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.addressof(buffer))
+    if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp filter")
+
+
 def _mount(source, target, fstype, flags, options=None):
     if _libc.mount(source, target, fstype, flags, options) != 0:
         raise OSError(ctypes.get_errno(), f"mount {target.decode()}")
 
 
 def _private_mounts(uid):
-    """In the worker's own mount namespace: a /proc of its own pid namespace, and private,
-    size-capped /tmp and /dev/shm that vanish with it (owned by ``uid`` when it will drop to it)."""
+    """In the worker's own mount namespace: a /proc of its own pid namespace (whose clear_refs it
+    cannot write), and private, size-capped /tmp and /dev/shm that vanish with it (owned by
+    ``uid`` when it will drop to it)."""
     _mount(None, b"/", None, MS_REC | MS_PRIVATE)
     _mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # The grader resets this process's peak resident memory (clear_refs, from outside) before a
+    # call whose peak it measures: the learner's code, process 1 here, must not reset it again.
+    for path in (b"/proc/1/clear_refs", b"/proc/1/task/1/clear_refs"):
+        _mount(b"/dev/null", path, None, MS_BIND)
     # A Python installed under /tmp (a CI runner's virtual environment) is bound there by bwrap:
     # held open now, and bound again (read-only, with what is mounted inside) into the new /tmp.
     held = [(target, os.open(target, os.O_PATH)) for target in _mounts_below("/tmp")]

@@ -13,8 +13,10 @@ import tempfile
 from pathlib import Path
 
 from ..engine.manifest import Kata
+from ..engine.untrusted import TooLarge, encodable, read_capped
 
 SOLUTION_TAG = "kata-solution"
+MAX_NOTEBOOK_BYTES = 32 << 20   # a notebook keeps its outputs (plots, as base64) beside the code
 
 
 def marker(kata: Kata) -> str:
@@ -64,11 +66,15 @@ def _is_solution(cell: dict) -> bool:
 
 def solution_source(path: Path) -> str:
     """The code of a notebook's solution cells (tagged ``kata-solution``, or nbgrader solution
-    cells), joined in order; IPython magics and shell lines become comments."""
+    cells), joined in order; IPython magics and shell lines become comments. Raises TooLarge,
+    unread, for a notebook over MAX_NOTEBOOK_BYTES."""
     try:
-        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+        nb = json.loads(read_capped(Path(path), MAX_NOTEBOOK_BYTES).decode("utf-8"))
         cells = [c for c in nb["cells"] if c.get("cell_type") == "code" and _is_solution(c)]
-        code = "\n\n".join(_plain_python(_text(c["source"])) for c in cells) + "\n"
+        # JSON can hold a lone surrogate ("\ud800"), which no file can: the code is written to one.
+        code = encodable("\n\n".join(_plain_python(_text(c["source"])) for c in cells) + "\n")
+    except TooLarge:
+        raise
     # A learner's notebook can be any JSON: malformed metadata or nesting refuses this notebook only.
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise ValueError(f"{Path(path).name} is not a readable notebook ({type(exc).__name__}: "

@@ -356,7 +356,7 @@ def complexity_data(learner: Learner, *, seed: int, device: str, max_t: int = MA
             # More repeats where a call is short: the same few tenths of a second per point.
             timed = learner.measure(member, *args, causal=True, repeats=max(3, 8192 // T))
             series[name]["seconds"].append(timed["seconds"])
-            peak = learner.peak_bytes(member, *args, causal=True)
+            peak = learner.tensor_peak_bytes(member, *args, causal=True)
             if peak is None or peak <= 0:
                 _fail("The peak memory of the forward could not be measured.", call=call_text(member._label, args, {}),
                       got=describe_value(peak), expected="a positive number of bytes")
@@ -467,7 +467,7 @@ def flash_memory_data(learner: Learner, *, seed: int, device: str, max_t: int = 
         q, k, v = qkv(T)
         for name, member, kwargs in (("learner", learner.flash_attention, {"block_q": block, "block_k": block}),
                                      ("naive", naive, {})):
-            peak = learner.peak_bytes(member, q, k, v, **kwargs)
+            peak = learner.tensor_peak_bytes(member, q, k, v, **kwargs)
             if peak is None or peak <= 0:
                 _fail("The peak memory of the call could not be measured.",
                       call=call_text(member._label, (q, k, v), kwargs), got=describe_value(peak),

@@ -1,8 +1,9 @@
 """A loop-based mask and a deque-based rolling buffer, the way a whiteboard answer often goes:
 Python loops fill the mask cell by cell; `collections.deque(maxlen=window)` holds one (k, v) pair
 per token and drops the oldest by itself; attention by torch.matmul and masked_fill with -inf. A
-grader could get wrong: the cache keeps no tensor of its own, only a deque of per-token views of
-the tensors it was given, whose length is all a memory check can ask of it."""
+grader could get wrong: the cache keeps no tensor of its own, only a deque of per-token copies
+(a view would keep alive the whole chunk it came in), whose length is all a memory check can ask
+of it."""
 import math
 from collections import deque
 
@@ -43,6 +44,6 @@ class RollingKVCache:
         keys = [kk for kk, _ in before] + [k[:, :, t] for t in range(k.size(2))]
         values = [vv for _, vv in before] + [v[:, :, t] for t in range(v.size(2))]
         for t in range(k.size(2)):
-            self.tokens.append((k[:, :, t], v[:, :, t]))
+            self.tokens.append((k[:, :, t].clone(), v[:, :, t].clone()))
         self.count += k.size(2)
         return torch.stack(keys, dim=2), torch.stack(values, dim=2)
