@@ -136,7 +136,7 @@ class Learner:
         above the inputs (None on the CPU)}. Seconds come from this process's clock: a request
         with one warm-up call is subtracted from one with the warm-up and ``repeats`` calls, so
         start-up and transport cancel out and the learner's code cannot fake its own timing."""
-        target = (member._handle, ["__call__"]) if isinstance(member, Remote) else (member._handle, member._path)
+        target = _target(member)
         label = member._label
         blobs = []
         header = {"op": "measure", "target": list(target), "seed": self.seed,
@@ -164,7 +164,7 @@ class Learner:
         None if it could not be measured."""
         if self.device == "cuda":
             return self.tensor_peak_bytes(member, *args, **kwargs)
-        target = (member._handle, ["__call__"]) if isinstance(member, Remote) else (member._handle, member._path)
+        target = _target(member)
         what = call_text(member._label, args, kwargs)
         blobs = []
         header = {"op": "keep", "args": [self._encode(a, blobs) for a in args],
@@ -206,7 +206,7 @@ class Learner:
         total of live tensors the call created. The learner's code could change that tally: for
         what the learner is shown of their own code (plots), never for a grade (``peak_bytes``).
         None if the sandbox sent no integer."""
-        target = (member._handle, ["__call__"]) if isinstance(member, Remote) else (member._handle, member._path)
+        target = _target(member)
         blobs = []
         header = {"op": "peak", "target": list(target), "seed": self.seed, "device": self.device,
                   "args": [self._encode(a, blobs) for a in args],
@@ -440,6 +440,11 @@ def _array(blob) -> np.ndarray:
         raise ValueError("array header does not match its data")
     array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
     return array if array.flags.writeable else array.copy()
+
+
+def _target(member) -> tuple:
+    """The (handle, attribute path) a request names for ``member``: a sandbox object is called."""
+    return (member._handle, ["__call__"]) if isinstance(member, Remote) else (member._handle, member._path)
 
 
 def _custom_operators(ops) -> set[str]:
