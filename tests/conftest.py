@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from graders.engine import bwrap
-from graders.engine.manifest import Kata, find
+from graders.engine.manifest import ROOT, Kata, find
 from graders.engine.runner import grade, grade_seeds
 from graders.engine.sandbox import Zygote
 
@@ -19,6 +19,28 @@ KATA = Path(sys.executable).with_name("kata")   # the installed console script
 # Grading a class, and the containment tests, need bubblewrap: .ci/run installs it.
 needs_bwrap = pytest.mark.skipif(bwrap.problem() is not None,
                                  reason=f"{bwrap.problem()}: grading runs only in its sandbox")
+
+# Containment is tried as the caller and, when the caller is root, as a normal user as well.
+WHO = ["caller", "non-root"]
+AS_ROOT = os.geteuid() == 0
+OTHER_UID = 64123   # the non-root user the kit runs as when the tests run as root
+
+
+def as_user(who: str) -> dict:
+    """subprocess.run's arguments that run a command as ``who``; skips where that user cannot."""
+    if who == "caller":
+        return {}
+    if not AS_ROOT:
+        pytest.skip("the caller is the non-root user already")
+    user = {"user": OTHER_UID, "group": OTHER_UID, "extra_groups": []}
+    try:
+        reached = subprocess.run([sys.executable, "-c", "import graders.engine.sandbox"], cwd=ROOT, **user,
+                                 capture_output=True).returncode == 0
+    except PermissionError:   # not even the interpreter
+        reached = False
+    if not reached:
+        pytest.skip("another user cannot run this Python or read the checkout (.ci/run makes them reachable)")
+    return user
 
 
 # --- the quick tier: `python -m pytest --kata mha` ------------------------------------------------

@@ -1,14 +1,17 @@
 """A class run that hostile learners cannot break (issue 24): text no UTF-8 file can hold, files
 too large to read, grades.csv cells that are formulas, names that look alike, and links in an
 nbgrader course. Each attack goes through the real `kata` command; nbgrader's through a real
-course, its exchange and `nbgrader collect`."""
+course, its exchange and `nbgrader collect`. Each runs as the caller and, when that is root, as a
+normal user whose class it is."""
 import csv
+import dataclasses
 import json
 import os
 import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -16,7 +19,7 @@ import pytest
 
 from graders.engine.manifest import find
 
-from conftest import KATA, needs_bwrap
+from conftest import KATA, OTHER_UID, WHO, as_user, needs_bwrap
 
 # The nbgrader course is generated once (nbgrader's generate_assignment takes seconds) and copied
 # by each test that grades one: one worker runs the module.
@@ -28,9 +31,40 @@ ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']
 SPARSE = 60 << 30   # st_size of a sparse file: no disk, but read whole it is 60 GB of memory
 
 
-def kata(*args, timeout=600):
-    """The installed `kata`, its output kept as bytes: it must be UTF-8 too."""
-    return subprocess.run([str(KATA), *map(str, args)], capture_output=True, env=ENV, timeout=timeout)
+@dataclasses.dataclass
+class Space:
+    """The folder of one test's class, and the user whose class it is: the caller, or a normal user
+    (``as_user``) who owns everything in it, as an instructor owns their course."""
+    root: Path
+    user: dict
+
+    def run(self, command: list, **options) -> subprocess.CompletedProcess:
+        if self.user:   # what the test put there is handed over before each command
+            subprocess.run(["chown", "-R", f"{OTHER_UID}:{OTHER_UID}", str(self.root)], check=True)
+        env = {**ENV, "HOME": str(self.root)} if self.user else ENV
+        return subprocess.run(command, capture_output=True, env=env, **self.user, **options)
+
+    def kata(self, *args, timeout=600) -> subprocess.CompletedProcess:
+        """The installed `kata`, its output kept as bytes: it must be UTF-8 too."""
+        return self.run([str(KATA), *map(str, args)], timeout=timeout)
+
+    def nbgrader(self, *args, cwd: Path) -> subprocess.CompletedProcess:
+        done = self.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+
+@pytest.fixture(params=WHO)
+def space(request, tmp_path):
+    user = as_user(request.param)
+    if not user:
+        yield Space(tmp_path, {})
+        return
+    folder = Path(tempfile.mkdtemp(prefix="kata-class-"))   # pytest's own folders are root's alone
+    try:
+        yield Space(folder, user)
+    finally:
+        subprocess.run(["rm", "-rf", str(folder)])
 
 
 def grades(out: Path) -> dict:
@@ -46,26 +80,20 @@ def sparse(path: Path):
 
 # --- an nbgrader course ---------------------------------------------------------------------------
 
-def nbgrader(*args, cwd):
-    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
     """A course of one kata (softmax) whose assignment ps1 nbgrader has generated."""
-    course = tmp_path_factory.mktemp("released") / "course"
-    assert kata("nbgrader", "init", course, "--assignment", "ps1", "--katas", "softmax").returncode == 0
-    nbgrader("generate_assignment", "ps1", "--force", cwd=course)
+    caller = Space(tmp_path_factory.mktemp("released"), {})
+    course = caller.root / "course"
+    assert caller.kata("nbgrader", "init", course, "--assignment", "ps1", "--katas", "softmax").returncode == 0
+    caller.nbgrader("generate_assignment", "ps1", "--force", cwd=course)
     return course
 
 
 @pytest.fixture
-def course(released, tmp_path):
+def course(released, space):
     """A copy of the released course, for one test's students."""
-    return Path(shutil.copytree(released, tmp_path / "course"))
+    return Path(shutil.copytree(released, space.root / "course"))
 
 
 def submit(course: Path, student: str, code: str):
@@ -77,11 +105,11 @@ def submit(course: Path, student: str, code: str):
     (course / "submitted" / student / "ps1" / "softmax.ipynb").write_text(json.dumps(nb))
 
 
-def autograde(course: Path) -> dict[str, float]:
+def autograde(space: Space, course: Path) -> dict[str, float]:
     """`kata nbgrader autograde`, then each student's score in the gradebook."""
     from nbgrader.api import Gradebook
 
-    run = kata("nbgrader", "autograde", course, "ps1", "-j", "2")
+    run = space.kata("nbgrader", "autograde", course, "ps1", "-j", "2")
     assert run.returncode == 0, run.stderr.decode("utf-8")
     with warnings.catch_warnings(), Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         warnings.filterwarnings("ignore", module="nbgrader")
@@ -128,10 +156,10 @@ def hostile_learners(texts: list[str]) -> dict[str, str]:
     }
 
 
-def test_hostile_text_cannot_stop_a_class_run(tmp_path):
+def test_hostile_text_cannot_stop_a_class_run(space):
     seed = 24   # the same draw every run, named in a failure's message
     texts = hostile_texts(random.Random(seed))
-    subs, out = tmp_path / "subs", tmp_path / "out"
+    subs, out = space.root / "subs", space.root / "out"
     learners = hostile_learners(texts)
     for name, source in learners.items():
         (subs / name).mkdir(parents=True)
@@ -140,7 +168,7 @@ def test_hostile_text_cannot_stop_a_class_run(tmp_path):
         (subs / name / os.fsdecode(b"\xff\xfe.py")).write_text("x")
     for text in [os.fsdecode(b"bytes\xff\xfe"), *texts[-2:]]:   # folders named so: refused, listed
         (subs / text.replace("\x00", "")).mkdir()
-    run = kata("grade", subs, "--out", out, "--katas", "softmax", "-j", "2")
+    run = space.kata("grade", subs, "--out", out, "--katas", "softmax", "-j", "2")
     err = run.stderr.decode("utf-8")   # what it says is UTF-8 too
     assert run.returncode == 0 and "Traceback" not in err, f"seed {seed}: {err[-3000:]}"
     run.stdout.decode("utf-8")
@@ -159,12 +187,12 @@ def test_hostile_text_cannot_stop_a_class_run(tmp_path):
         assert "\ufffd" in (out / name / "feedback.md").read_text(encoding="utf-8"), name
 
 
-def test_hostile_text_cannot_empty_the_gradebook(course):
+def test_hostile_text_cannot_empty_the_gradebook(course, space):
     submit(course, "honest", REFERENCE)
     submit(course, "shouter", 'def softmax(x, axis=-1):\n    print("\\ud800")\n    raise ValueError("\\udcff")\n')
     # The notebook's JSON itself holds a lone surrogate ("\ud800" in the file), in the code.
     submit(course, "rawjson", 'def softmax(x, axis=-1):\n    print("\ud800")\n    return x\n')
-    scores = autograde(course)
+    scores = autograde(space, course)
     assert scores["honest"] == FULL and scores["shouter"] == 0 and scores["rawjson"] < FULL   # returns x
     for student in ("shouter", "rawjson"):
         assert "\ufffd" in feedback(course, student), student
@@ -172,22 +200,22 @@ def test_hostile_text_cannot_empty_the_gradebook(course):
 
 # --- 2. files sized before they are read ----------------------------------------------------------
 
-def test_files_too_large_are_refused_unread(tmp_path, course):
-    subs, out = tmp_path / "subs", tmp_path / "out"
+def test_files_too_large_are_refused_unread(space, course):
+    subs, out = space.root / "subs", space.root / "out"
     sparse(subs / "huge" / "softmax.py")
     (subs / "honest").mkdir()
     (subs / "honest" / "softmax.py").write_text(REFERENCE)
-    run = kata("grade", subs, "--out", out, "--katas", "softmax")
+    run = space.kata("grade", subs, "--out", out, "--katas", "softmax")
     assert run.returncode == 0, run.stderr.decode()
     assert grades(out)["huge"][0] == "0" and float(grades(out)["honest"][0]) == FULL
     assert "softmax.py is larger than 1 MB, so it was not graded." in (out / "huge" / "feedback.md").read_text()
-    for file in (subs / "huge" / "softmax.py", tmp_path / "softmax.ipynb"):
+    for file in (subs / "huge" / "softmax.py", space.root / "softmax.ipynb"):
         sparse(file)
-        check = kata("check", "softmax", "--file", file, "-w", tmp_path, timeout=120)
+        check = space.kata("check", "softmax", "--file", file, "-w", space.root, timeout=120)
         assert check.returncode == 2 and b"MB, so it was not graded." in check.stderr, check.stderr.decode()
     submit(course, "honest", REFERENCE)
     sparse(course / "submitted" / "huge" / "ps1" / "softmax.ipynb")
-    scores = autograde(course)
+    scores = autograde(space, course)
     assert scores == {"honest": FULL, "huge": 0}
     assert "softmax.ipynb is larger than 32 MB, so it was not graded." in feedback(course, "huge")
 
@@ -197,11 +225,11 @@ def test_files_too_large_are_refused_unread(tmp_path, course):
 FORMULAS = ['=HYPERLINK("http:\\\\x","y")', "+1+cmd", "-2+3", "@SUM(A1)"]
 
 
-def test_grades_csv_holds_no_formula(tmp_path):
-    subs, out = tmp_path / "subs", tmp_path / "out"
+def test_grades_csv_holds_no_formula(space):
+    subs, out = space.root / "subs", space.root / "out"
     for name in [*FORMULAS, "ada"]:   # no files: every pair is missing, and nothing runs
         (subs / name).mkdir(parents=True)
-    run = kata("grade", subs, "--out", out, "--katas", "softmax")
+    run = space.kata("grade", subs, "--out", out, "--katas", "softmax")
     assert run.returncode == 0, run.stderr.decode()
     rows = grades(out)
     assert set(rows) == {"learner", "ada", *(f"'{name}" for name in FORMULAS)}
@@ -214,12 +242,12 @@ def test_grades_csv_holds_no_formula(tmp_path):
 LOOKALIKES = [["Jos\u00e9", "Jose\u0301"], ["alice", "\u0430lice"]]   # NFC and NFD; Cyrillic а
 
 
-def test_lookalike_names_are_graded_apart_and_reported(tmp_path):
-    subs, out = tmp_path / "subs", tmp_path / "out"
+def test_lookalike_names_are_graded_apart_and_reported(space):
+    subs, out = space.root / "subs", space.root / "out"
     for name in [*sum(LOOKALIKES, []), "bob"]:
         (subs / name).mkdir(parents=True)
     (subs / "alice" / "softmax.py").write_text(REFERENCE)
-    run = kata("grade", subs, "--out", out, "--katas", "softmax")
+    run = space.kata("grade", subs, "--out", out, "--katas", "softmax")
     assert run.returncode == 0, run.stderr.decode()
     rows = grades(out)
     assert float(rows["alice"][0]) == FULL and rows["\u0430lice"][0] == "0"   # graded apart
@@ -232,7 +260,7 @@ def test_lookalike_names_are_graded_apart_and_reported(tmp_path):
 
 # --- 5. links in an nbgrader course -------------------------------------------------------------------
 
-def test_links_in_an_nbgrader_course_are_refused(course, tmp_path):
+def test_links_in_an_nbgrader_course_are_refused(course, space):
     source = course / "source" / "ps1"
     submit(course, "honest", REFERENCE)
     (course / "submitted" / "mallory" / "ps1").mkdir(parents=True)
@@ -243,18 +271,18 @@ def test_links_in_an_nbgrader_course_are_refused(course, tmp_path):
     # Planted in the exchange's inbound, named as `nbgrader submit` names a submission: a link in
     # place of the folder, and a folder holding a link; `nbgrader collect` brings them in.
     with open(course / "nbgrader_config.py", "a") as config:
-        config.write(f"c.Exchange.root = {str(tmp_path / 'exchange')!r}\n")
-    inbound = tmp_path / "exchange" / course.name / "inbound"
+        config.write(f"c.Exchange.root = {str(space.root / 'exchange')!r}\n")
+    inbound = space.root / "exchange" / course.name / "inbound"
     inbound.mkdir(parents=True)
     stamp = "2024-01-01 00:00:00.000000 UTC"
     (inbound / f"eve+ps1+{stamp}+r1").symlink_to(source)
     (inbound / f"oscar+ps1+{stamp}+r2").mkdir()
     (inbound / f"oscar+ps1+{stamp}+r2" / "softmax.ipynb").symlink_to(source / "softmax.ipynb")
-    nbgrader("collect", "ps1", cwd=course)
+    space.nbgrader("collect", "ps1", cwd=course)
     # A later submission replaces what was collected: nbgrader deletes it first, and must be able to.
     (inbound / "eve+ps1+2024-01-02 00:00:00.000000 UTC+r3").symlink_to(source)
-    nbgrader("collect", "--update", "ps1", cwd=course)
-    scores = autograde(course)
+    space.nbgrader("collect", "--update", "ps1", cwd=course)
+    scores = autograde(space, course)
     linked = ("mallory", "trudy", "eve", "oscar")
     assert scores == {"honest": FULL, **dict.fromkeys(linked, 0)}   # sybil, a linked student, is no student
     for student in linked:

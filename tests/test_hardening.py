@@ -20,12 +20,9 @@ from graders.engine.manifest import ROOT
 from graders.engine.sandbox import Sandbox, Zygote
 from graders.engine.worker import encode_frame
 
-from conftest import needs_bwrap
+from conftest import AS_ROOT, WHO, as_user, needs_bwrap
 
 pytestmark = needs_bwrap
-
-AS_ROOT = os.geteuid() == 0
-OTHER_UID = 64123   # the non-root user the kit runs as when the tests run as root
 
 
 @pytest.fixture(scope="module")
@@ -210,10 +207,9 @@ def _kit_files() -> list[Path]:
     return [f for f in files if f.exists()]
 
 
-@pytest.mark.parametrize("who", ["caller", "non-root"])
+@pytest.mark.parametrize("who", WHO)
 def test_the_sandbox_sees_python_and_nothing_of_the_kit_the_class_or_home(who, tmp_path):
-    if who == "non-root" and not AS_ROOT:
-        pytest.skip("the caller is the non-root user already")
+    user = as_user(who)
     base = Path(tempfile.mkdtemp(prefix="kata-view-"))
     try:
         folders = _class_folders(base)
@@ -222,17 +218,6 @@ def test_the_sandbox_sees_python_and_nothing_of_the_kit_the_class_or_home(who, t
         os.chmod(probe, 0o644)
         secrets = [*_kit_files(), *folders["files"]]
         roots = [str(ROOT), str(base), "/root", "/home"]
-        user = {}
-        if who == "non-root":
-            user = {"user": OTHER_UID, "group": OTHER_UID, "extra_groups": []}
-            try:
-                reached = subprocess.run([sys.executable, "-c", "import graders.engine.sandbox"], cwd=ROOT, **user,
-                                         capture_output=True).returncode == 0
-            except PermissionError:   # not even the interpreter
-                reached = False
-            if not reached:
-                pytest.skip("another user cannot run this Python or read the checkout "
-                            "(.ci/run makes them reachable)")
         env = {"PATH": os.environ["PATH"], "HOME": str(folders["home"]), "LANG": "C.UTF-8"}
         done = subprocess.run([sys.executable, "-c", RUN_PROBE, str(probe), json.dumps(list(map(str, secrets))),
                                json.dumps(roots)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
@@ -284,32 +269,12 @@ with Zygote([options["framework"]]) as zygote:
 print(json.dumps(answers))
 '''
 
-WHO = ["caller", "non-root"]
-
-
-def _as(who: str) -> dict:
-    """subprocess.run's arguments that run a command as ``who``; skips where that user cannot."""
-    if who == "caller":
-        return {}
-    if not AS_ROOT:
-        pytest.skip("the caller is the non-root user already")
-    user = {"user": OTHER_UID, "group": OTHER_UID, "extra_groups": []}
-    try:
-        reached = subprocess.run([sys.executable, "-c", "import graders.engine.sandbox"], cwd=ROOT, **user,
-                                 capture_output=True).returncode == 0
-    except PermissionError:
-        reached = False
-    if not reached:
-        pytest.skip("another user cannot run this Python or read the checkout (.ci/run makes them reachable)")
-    return user
-
-
 def attack(who: str, source: str, calls, *, setup: str = "", root: Path = ROOT, **options) -> list:
     """What ``source``'s functions answered, each list of ``calls`` [(name, args)] in a sandbox of its
     own (Sandbox's ``options``), all under one zygote that a process of ``who`` started (after
     running ``setup``)."""
     options = {"framework": "numpy", "memory_mb": 1024, **options}
-    user = _as(who)
+    user = as_user(who)
     folder = Path(tempfile.mkdtemp(prefix="kata-attack-"))
     try:
         os.chmod(folder, 0o755)
