@@ -237,7 +237,9 @@ def _grade_and_record(ws: Workspace, kata: Kata, path: Path, *, seed: int, devic
         raise EnvironmentProblem(str(exc)) from None
     except ValueError as exc:   # a notebook without a solution cell
         raise click.BadParameter(str(exc), param_hint="--file") from None
-    ws.record_result(kata, result)
+    problem = ws.record_result(kata, result)
+    if problem:
+        click.secho(f"warning: {problem}", fg="yellow", err=True)
     return result
 
 

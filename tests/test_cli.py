@@ -142,6 +142,17 @@ def test_corrupt_state_is_reported_not_fatal(kata_cmd):
     assert [p.name.startswith("state.corrupt-") for p in state.parent.glob("state.corrupt-*")] == [True]
 
 
+def test_a_workspace_that_cannot_be_written_still_shows_the_grade(kata_cmd):
+    # A file where the .kata folder belongs fails every write there, for root as for another user
+    # (whose kata check in root's 0600 workspace failed the same way, after grading).
+    (kata_cmd.workspace / ".kata").write_text("not a folder")
+    (kata_cmd.workspace / "softmax.py").write_text((ROOT / "reference/softmax.py").read_text())
+    run = kata_cmd("check", "softmax")
+    assert run.returncode == 0 and "PASSED" in run.stdout, run.stderr
+    assert "this result was not recorded in" in run.stderr and "Traceback" not in run.stderr
+    assert (kata_cmd.workspace / ".kata").read_text() == "not a folder"
+
+
 def test_workspace_option_and_env(tmp_path, kata_cmd):
     other = tmp_path / "elsewhere"
     run = kata_cmd("start", "softmax", "--workspace", str(other))

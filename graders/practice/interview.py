@@ -219,7 +219,9 @@ class Interview:
 
     def _grade(self, kata: Kata, path: Path) -> dict:
         result = grade(kata, path, seed=self.check_seed, device=self.device, hidden_seed=self.check_seed)
-        self.ws.record_result(kata, result)
+        problem = self.ws.record_result(kata, result)
+        if problem:
+            click.secho(f"warning: {problem}", fg="yellow", err=True)
         return result
 
     def _finish(self, kata: Kata, path: Path):

@@ -73,7 +73,10 @@ class Workspace:
             os.fsync(f.fileno())
         os.replace(tmp, self.state_path)
 
-    def record_result(self, kata: Kata, result: dict):
+    def record_result(self, kata: Kata, result: dict) -> str | None:
+        """Remember a graded run in the state and the history. Where ``.kata/`` cannot be written
+        (another user's, a read-only folder), the grade still stands: the sentence that says it
+        was not remembered is returned, for the caller to show."""
         entry = self.kata_state(kata)
         entry["status"] = result["status"]
         entry["last_checked"] = _now()
@@ -83,14 +86,19 @@ class Workspace:
         if result["status"] == "passed":
             entry["passed"] = True
             entry.setdefault("first_passed", _now())
-        self.save()
         try:
             digest = hashlib.sha256(Path(result["file"]).read_bytes()).hexdigest()
         except OSError:
             digest = None
-        self.history.append({"type": "check", "kata": kata.slug, "status": result["status"],
-                             "score": result["score"], "max_score": result["max_score"],
-                             "seed": result.get("seed"), "sha256": digest})
+        try:
+            self.save()
+            self.history.append({"type": "check", "kata": kata.slug, "status": result["status"],
+                                 "score": result["score"], "max_score": result["max_score"],
+                                 "seed": result.get("seed"), "sha256": digest})
+        except OSError as exc:
+            return (f"this result was not recorded in {self.meta} ({exc.strerror or exc}"
+                    f"{f': {exc.filename}' if exc.filename else ''}), so `kata list` and `kata history` will not show it.")
+        return None
 
     def take_hint(self, kata: Kata) -> tuple[int, str] | None:
         """The next hint (1-based number, text), recorded as seen; None once all are seen."""
