@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -588,3 +589,28 @@ def test_a_custom_operator_is_seen_for_what_it_is(tmp_path, zygotes):
             check_untampered(learner, call="attend(q, k)")
         assert failed.value.diagnosis == "tampering"
         assert "torch.ops.kata_attack.scores.default, a custom operator" in failed.value.got
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="as root the sandbox user is another user, who must enter the folders")
+def test_a_python_under_tmp_grades_right_whatever_the_umask(tmp_path):
+    """Python installed under /tmp, as in CI's virtual environment, is bound again into each
+    worker's private /tmp: the folders leading to it must let the sandbox user in however strict
+    the grader's umask (027, a course's shared folder), or NumPy's lazily imported parts are lost."""
+    base = Path(tempfile.mkdtemp(prefix="kata-tmp-python-", dir="/tmp"))
+    try:
+        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        subprocess.run([str(Path(sys.base_prefix) / "bin" / version), "-m", "venv", "--without-pip",
+                        str(base / "venv")], check=True)
+        packages = Path(sysconfig.get_paths(vars={"base": str(base / "venv")})["purelib"])
+        packages.rmdir()
+        packages.symlink_to(sysconfig.get_paths()["purelib"])   # this environment's torch, NumPy and kit
+        (tmp_path / "softmax.py").write_text((ROOT / "reference" / "softmax.py").read_text())
+        env = {**os.environ, "NO_COLOR": "1", "KATA_WORKSPACE": str(tmp_path)}
+        done = subprocess.run([str(base / "venv" / "bin" / "python"), "-c", "import cli; cli.main()",
+                               "check", "softmax", "--json"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=600, umask=0o027)
+    finally:
+        shutil.rmtree(base)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["sandbox"] == "bwrap" and result["score"] == result["max_score"], result

@@ -834,6 +834,8 @@ def _private_mounts(uid):
     for target in (b"/tmp", b"/dev/shm"):
         _mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV,
                f"size={TMP_BYTES},mode=0700{owner}".encode())
+    # The folders leading to them must let the sandbox user in, whatever the grader's umask.
+    umask = os.umask(0o022)
     for target, fd in held:
         source = f"/proc/self/fd/{fd}"
         if os.path.isdir(source):
@@ -843,6 +845,7 @@ def _private_mounts(uid):
             open(target, "ab").close()
         _mount(source.encode(), target.encode(), None, MS_BIND | MS_REC)
         os.close(fd)
+    os.umask(umask)
     # Everything else that bwrap left writable is shared with the next worker: read-only here.
     # A remount must keep the mount's other flags (a user namespace may not clear them).
     kept = os.statvfs("/dev").f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
