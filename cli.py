@@ -644,7 +644,8 @@ def _kata_list(values: tuple[str, ...]) -> list[Kata]:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Folder for grades.csv, summary.md and each learner's results.json and feedback.md.")
 @click.option("--katas", "kata_names", multiple=True, metavar="KATA[,KATA...]",
-              help="Grade only these katas (comma-separated or repeated); all by default.")
+              help="The class's katas (comma-separated or repeated), kept in OUT's class file for later runs; "
+                   "by default those the last run into OUT was given, else all.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)),
               show_default="the number of CPUs", help="Pairs graded at the same time.")
 @click.option("--force", is_flag=True, help="Grade again pairs that are already graded and unchanged.")
@@ -678,33 +679,41 @@ def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay
     read neither the kit's files nor SUBMISSIONS nor OUT; every result and summary.md say
     "container". On a machine where bwrap works, --container changes nothing.
 
-    The first run into OUT writes OUT/.kata/class.json: the class's secret, from which every
-    learner's inputs are drawn (the same file always gets the same grade, here or on another
-    machine given a copy of OUT; keep it, never hand it out), and the policy flags, which later
-    runs keep unless told otherwise.
+    The first run that grades anyone into OUT writes OUT/.kata/class.json: the class's secret,
+    from which every learner's inputs are drawn (the same file always gets the same grade, here or
+    on another machine given a copy of OUT; keep it, never hand it out), and the policy flags and
+    --katas, which later runs keep unless told otherwise: the class files cover the class's katas.
+    The other files are written as the umask says, so a course's group can read them; class.json
+    is mode 0600. OUT/overrides.csv (learner,kata,score,reason), written by you, sets scores after
+    grading, on every run.
     """
     _full_kit("grade")
-    from graders.classroom.batch import Grading
+    from graders.classroom.batch import Grading, OverridesError
 
     sandbox = _grading_sandbox(no_sandbox, container, private=(submissions, out))
-    katas = _kata_list(kata_names)
     if out.resolve().is_relative_to(submissions.resolve()):
         raise click.BadParameter("OUT must not be inside SUBMISSIONS (it would be graded as a learner).",
                                  param_hint="--out")
     only = _names(learner_names) or None
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        class_rules = rules.load(out) if replay else rules.load_or_create(out, **_policy(**policy))
+        class_rules = rules.load(out) if replay else rules.load_or_new(out, **_policy(**policy))
     except rules.ClassFileError as exc:
         raise EnvironmentProblem(str(exc)) from None
-    except OSError as exc:
-        raise EnvironmentProblem(f"Could not write to {out}: {exc.strerror or exc}.") from None
     if replay and class_rules is None:
         raise click.UsageError(f"{out} holds no graded class to replay (no {rules.CLASS_FILE}).")
-    run = Grading(submissions, out, katas, jobs=jobs, force=force, rules=class_rules, device=device,
-                  show_hidden_diagnoses=show_hidden_diagnoses, sandbox=sandbox, only=only)
+    # The class's katas: those given, else those the class file keeps from the last run that gave them.
+    known = {kata.slug for kata in _all_katas()}
+    katas = _kata_list(kata_names or tuple(slug for slug in class_rules.katas if slug in known))
+    class_rules = class_rules.with_katas(k.slug for k in katas)
+    try:
+        run = Grading(submissions, out, katas, jobs=jobs, force=force, rules=class_rules, device=device,
+                      show_hidden_diagnoses=show_hidden_diagnoses, sandbox=sandbox, only=only)
+    except OverridesError as exc:
+        raise EnvironmentProblem(str(exc)) from None
     for name, why in run.refused_folders.items():
         click.secho(f"Not graded: {name}: {why}.", fg="yellow", err=True)
+    # Before the class file is written: a run that has nobody to grade leaves OUT as it was (a new
+    # class's secret is made by the run that grades it).
     if not run.learners:
         raise click.UsageError(f"{submissions} holds no learner folders (SUBMISSIONS/<learner>/<file>.py).")
     unknown = sorted(set(only or ()) - set(run.learners))
@@ -713,10 +722,17 @@ def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay
     if replay:
         _replay(run)
         return
+    try:
+        rules.save(out, class_rules)
+    except OSError as exc:
+        raise EnvironmentProblem(f"Could not write to {out}: {exc.strerror or exc}.") from None
     todo = run.todo()
     click.echo(f"Grading {len(run.learners if only is None else only)} learner(s) x {len(katas)} kata(s): "
                f"{len(todo)} pair(s) to grade, {len(run.pairs) - len(todo)} unchanged since their last grading; "
                f"seeds from the class secret in {out / rules.CLASS_FILE}.", err=True)
+    for pair in run.pairs:   # files found under another name, or two candidates for one kata
+        if pair.why or pair.error:
+            click.echo(f"{pair.label}: {pair.error or pair.why}", err=True)
     started = time.perf_counter()
     done = graded = 0
     with click.progressbar(length=len(todo), label="grading", show_pos=True, show_eta=True, file=sys.stderr,
@@ -731,17 +747,21 @@ def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay
             run.run(todo, advance)
             run.write_class_files()
         except KeyboardInterrupt:
-            click.echo(f"\nInterrupted: {done} of {len(todo)} pair(s) graded and saved; "
-                       "run the same command again to grade the rest.", err=True)
+            again = ("run the same command again without --force to grade the rest (with it, every pair "
+                     "is graded again)" if force else "run the same command again to grade the rest")
+            click.echo(f"\nInterrupted: {done} of {len(todo)} pair(s) graded and saved; {again}.", err=True)
             sys.exit(130)
         except OSError as exc:   # a full disk, a read-only OUT: what was saved stays saved
             raise EnvironmentProblem(f"Could not write to {out}: {exc.strerror or exc}. {done} of {len(todo)} "
                                      "pair(s) were graded and saved; make room and run the same command again "
                                      "to grade the rest and write the class files.") from None
     elapsed = time.perf_counter() - started
-    per_pair = f", {elapsed / len(todo):.2f} s per pair" if todo else ""
-    click.echo(f"Graded {len(todo)} pair(s) in {elapsed:.1f} s{per_pair}. Wrote {out / 'grades.csv'}, "
-               f"{out / 'summary.md'} and {len(run.learners)} learner folder(s).")
+    wrote = f"Wrote {out / 'grades.csv'}, {out / 'summary.md'} and {len(run.learners)} learner folder(s)."
+    if todo:
+        click.echo(f"Graded {len(todo)} pair(s) in {elapsed:.1f} s, {elapsed / len(todo):.2f} s per pair. {wrote}")
+    else:
+        click.echo(f"Nothing to grade: every pair is unchanged since its last grading (--force grades them "
+                   f"again). {wrote}")
 
 
 def _replay(run):

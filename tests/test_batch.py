@@ -4,14 +4,16 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from graders.engine.manifest import find
+from graders.engine.manifest import find, katas
 
 from conftest import needs_bwrap
 
@@ -90,7 +92,7 @@ def graded(tmp_path_factory):
     subs, out = root / "submissions", root / "out"
     write_class(subs)
     before = {p: p.read_bytes() for p in subs.rglob("*") if p.is_file()}
-    run = kata_grade(subs, out, "-j", "2")
+    run = kata_grade(subs, out, "-j", "2", umask=0o027)   # a course's: its group reads, others do not
     assert run.returncode == 0, run.stderr
     assert {p: p.read_bytes() for p in subs.rglob("*") if p.is_file()} == before, "grading changed a submission"
     return subs, out, run
@@ -100,7 +102,12 @@ def test_grades_csv_has_every_learner_with_the_expected_scores(graded):
     _, out, _ = graded
     rows = grades(out)
     assert list(rows) == ["alice", "bob", "carol", "dave", "erin"]
-    assert list(rows["alice"]) == ["learner", "softmax", "causal-mask", "total", "max"]
+    assert list(rows["alice"]) == ["learner", "softmax", "causal-mask", "total", "max",
+                                   "softmax status", "causal-mask status"]
+    # Zeros that mean different things are told apart.
+    assert {name: (row["softmax status"], row["causal-mask status"]) for name, row in rows.items()} == {
+        "alice": ("passed", "passed"), "bob": ("not-started", "not-started"), "carol": ("failed", "missing"),
+        "dave": ("error", "error"), "erin": ("missing", "missing")}
     full = find("softmax").max_score, find("causal-mask").max_score
     assert (float(rows["alice"]["softmax"]), float(rows["alice"]["causal-mask"])) == full
     assert float(rows["alice"]["total"]) == float(rows["alice"]["max"]) == sum(full)
@@ -137,13 +144,144 @@ def test_feedback_and_summary_say_what_went_wrong(graded):
     assert "SyntaxError" in dave and "exited with status 0" in dave
     summary = (out / "summary.md").read_text()
     assert "| softmax | 1 | 20% |" in summary               # alice alone has full marks
-    assert "| `softmax-overflow` | softmax | 1 | 20% |" in summary
+    assert "| `softmax-overflow` | softmax | 1 | 20% |" in summary and summary.count("| `carol` |") == 1
+    # Who to look at, by name; what fixed the inputs, and which kit graded them.
+    assert "| causal-mask | missing | `carol`, `erin` |" in summary and "| softmax | error | `dave` |" in summary
+    assert "| softmax | not-started | `bob` |" in summary
+    assert "from the class's secret (OUT/.kata/class.json)" in summary
+    assert f"Kit: attention-katas {metadata.version('attention-katas')}." in summary
+
+
+def test_summary_png_pictures_the_scores_of_each_kata_and_the_diagnoses(graded):
+    from matplotlib.image import imread
+
+    from graders.classroom.batch import summary_figure
+
+    _, out, _ = graded
+    assert imread(out / "summary.png").shape[2] in (3, 4)   # a PNG matplotlib reads back
+    results = {"ann": {"softmax": {"score": 10.0, "diagnoses": []}},
+               "ben": {"softmax": {"score": 4.0, "diagnoses": ["softmax-overflow"]},
+                       "causal-mask": {"score": 0.0, "diagnoses": []}}}
+    scores, common = summary_figure([find("softmax"), find("causal-mask")], results).axes
+    assert [t.get_text() for t in scores.get_xticklabels()] == ["softmax", "causal-mask"]
+    dots = {tuple(line.get_ydata()) for line in scores.get_lines() if line.get_marker() == "o"}
+    assert {(1.0, 0.4), (0.0,)} <= dots   # each learner's share of the full score, per kata
+    assert [t.get_text() for t in common.get_yticklabels()] == ["softmax-overflow (softmax)"]
+
+
+def test_checks_csv_holds_every_check_of_every_pair(graded):
+    _, out, _ = graded
+    with open(out / "checks.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    graded_pairs = [("alice", "softmax"), ("alice", "causal-mask"), ("bob", "softmax"), ("bob", "causal-mask"),
+                    ("carol", "softmax"), ("carol", "causal-mask"), ("dave", "softmax"), ("dave", "causal-mask"),
+                    ("erin", "softmax"), ("erin", "causal-mask")]
+    assert [(r["learner"], r["kata"]) for r in rows] == [
+        pair for pair in graded_pairs for _ in find(pair[1]).checks]   # hidden checks too
+    carol = {r["check"]: r for r in rows if r["learner"] == "carol" and r["kata"] == "softmax"}
+    assert carol["stable-for-large-logits"]["status"] == "failed"
+    assert carol["stable-for-large-logits"]["diagnosis"] == "softmax-overflow"
+    assert carol["matches-reference"] == {**carol["matches-reference"], "status": "passed",
+                                          "score": carol["matches-reference"]["max"]}
+
+
+def test_class_files_are_the_groups_to_read_and_the_secret_the_instructors_alone(graded):
+    _, out, _ = graded
+    files = [*(out / name for name in ("grades.csv", "checks.csv", "summary.md", "summary.png", "similarity.md")),
+             *out.glob("*/results.json"), *out.glob("*/feedback.md")]
+    assert len(files) == 15 and {stat.S_IMODE(f.stat().st_mode) for f in files} == {0o640}
+    assert stat.S_IMODE((out / ".kata" / "class.json").stat().st_mode) == 0o600
+
+
+def test_a_run_with_nobody_to_grade_leaves_out_as_it_was(graded, tmp_path):
+    subs, _, _ = graded
+    (tmp_path / "empty").mkdir()
+    nobody = kata_grade(tmp_path / "empty", tmp_path / "out")
+    assert nobody.returncode == 2 and "holds no learner folders" in nobody.stderr
+    unknown = kata_grade(subs, tmp_path / "out", "--learners", "zoe")
+    assert unknown.returncode == 2 and "no learner folder zoe" in unknown.stderr
+    assert not (tmp_path / "out").exists()   # no class secret made for a run that graded nobody
+
+
+def test_the_class_files_cover_the_katas_given_and_later_runs_keep_them(tmp_path):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    (subs / "ada").mkdir(parents=True)   # nothing submitted: every pair is missing, and nothing runs
+    grade = lambda *extra: subprocess.run([str(KATA), "grade", str(subs), "--out", str(out), *extra],
+                                          capture_output=True, text=True, timeout=600)
+    assert grade().returncode == 0
+    every = [k.slug for k in katas()]
+    assert list(grades(out)["ada"])[1:len(every) + 1] == every
+    assert grade("--katas", "mha,softmax").returncode == 0
+    assert list(grades(out)["ada"]) == ["learner", "softmax", "mha", "total", "max", "softmax status", "mha status"]
+    assert grades(out)["ada"]["max"] == f"{find('softmax').max_score + find('mha').max_score:g}"
+    assert grade().returncode == 0   # no --katas: the class's, kept from the run before
+    assert list(grades(out)["ada"])[1:3] == ["softmax", "mha"]
+    assert not (out / "ada" / "feedback.md").read_text().count("## causal-mask")
+
+
+def test_overrides_apply_after_grading_survive_regrades_and_are_marked(tmp_path):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    for learner in ("ann", "ben"):
+        (subs / learner).mkdir(parents=True)
+        (subs / learner / "softmax.py").write_text(OVERFLOW)
+    grade = lambda *extra: subprocess.run([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax",
+                                           *extra], capture_output=True, text=True, timeout=600)
+    assert grade().returncode == 0
+    graded = float(grades(out)["ann"]["softmax"])
+    assert graded < find("softmax").max_score
+    (out / "overrides.csv").write_text('learner,kata,score,reason\nann,softmax,9.5,"Regrade request: inputs that '
+                                       'large were out of scope, as announced"\n')
+    for extra in ((), ("--force",)):   # applied to what was graded, then to a fresh grading
+        run = grade(*extra)
+        assert run.returncode == 0, run.stderr
+        rows = grades(out)
+        assert (rows["ann"]["softmax"], rows["ann"]["total"], rows["ann"]["softmax status"]) == \
+            ("9.5", "9.5", "failed (overridden)")
+        assert float(rows["ben"]["softmax"]) == graded and rows["ben"]["softmax status"] == "failed"
+        told = (f"Your instructor set this kata's score to 9.5/{find('softmax').max_score:g} (graded {graded:g}): "
+                "Regrade request: inputs that large were out of scope, as announced")
+        assert told in (out / "ann" / "feedback.md").read_text()
+        results = json.loads((out / "ann" / "results.json").read_text())
+        assert results["score"] == 9.5 and told in results["output"]
+        assert f"| `ann` | softmax | 9.5 | {graded:g} | Regrade request" in (out / "summary.md").read_text()
+    for bad, why in [("ann,softmax,11,too much", "line 2: the score '11' is not a number from 0 to 10"),
+                     ("zed,softmax,1,who", "line 2: no learner folder 'zed'"),
+                     ("ann,mha,1,not graded here", "line 2: 'mha' is not one of this class's katas (softmax)"),
+                     ("ann,softmax,1,", "line 2: the reason is empty")]:
+        (out / "overrides.csv").write_text(f"learner,kata,score,reason\n{bad}\n")
+        refused = grade()
+        assert refused.returncode == 2 and why in refused.stderr, refused.stderr
+    assert float(grades(out)["ann"]["softmax"]) == 9.5   # a refused file changes nothing
+
+
+def test_copied_files_are_reported_and_independent_ones_are_not(tmp_path):
+    zoo = Path(__file__).parent / "zoo" / "softmax"
+    ann = (zoo / "einsum_normaliser.py").read_text()
+    # A copy with its names changed and its comments rewritten: the same code.
+    ben = ('# My own softmax.\nimport numpy as np\n\n\ndef softmax(x, axis=-1):\n'
+           '    logits = np.moveaxis(x, axis, -1)\n'
+           '    logits = logits - logits.max(axis=-1, keepdims=True)   # stable\n'
+           '    ex = np.exp(logits)\n'
+           '    total = np.einsum("...j->...", ex)[..., None]\n'
+           '    return np.moveaxis(ex * (1 / total), -1, axis)\n')
+    learners = {"ann": ann, "ben": ben, "cal": (zoo / "loop_heavy.py").read_text(),
+                "dan": find("softmax").stub_path.read_text(), "eve": (zoo / "log_sum_exp.py").read_text()}
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    for name, code in learners.items():
+        (subs / name).mkdir(parents=True)
+        (subs / name / "softmax.py").write_text(code)
+    run = kata_grade(subs, out, "--katas", "softmax")
+    assert run.returncode == 0, run.stderr
+    assert float(grades(out)["ben"]["softmax"]) == find("softmax").max_score   # the copy works
+    rows = [line for line in (out / "similarity.md").read_text().splitlines() if line.startswith("| softmax")]
+    assert len(rows) == 1 and rows[0].startswith("| softmax | `ann` | `ben` |"), rows
 
 
 def test_rerun_skips_unchanged_pairs_and_regrades_changed_ones(graded, tmp_path):
     subs, out, _ = graded
     again = kata_grade(subs, out)
     assert again.returncode == 0 and "0 pair(s) to grade, 10 unchanged" in again.stderr
+    assert "Nothing to grade: every pair is unchanged since its last grading" in again.stdout
     (subs / "bob" / "softmax.py").write_text((REFERENCE / "softmax.py").read_text())
     changed = kata_grade(subs, out)
     assert changed.returncode == 0 and "1 pair(s) to grade, 9 unchanged" in changed.stderr
@@ -152,14 +290,65 @@ def test_rerun_skips_unchanged_pairs_and_regrades_changed_ones(graded, tmp_path)
     assert "10 pair(s) to grade, 0 unchanged" in forced.stderr
 
 
-def test_ctrl_c_keeps_what_was_graded_and_the_next_run_resumes(tmp_path):
+def handed_in_notebook(kata) -> str:
+    """`kata notebook`'s notebook with the reference in its solution cell, as a learner saves it."""
+    from graders.practice.notebook import SOLUTION_TAG, notebook
+
+    nb = notebook(kata)
+    cell = next(c for c in nb["cells"] if SOLUTION_TAG in c["metadata"].get("tags", []))
+    cell["source"] = kata.reference_path.read_text()
+    return json.dumps(nb)
+
+
+def test_files_are_found_as_learners_hand_them_in_and_feedback_says_which(tmp_path):
+    softmax, mask = find("softmax"), find("causal-mask")
+    ref_softmax, ref_mask = softmax.reference_path.read_text(), mask.reference_path.read_text()
+    handed = {   # learner -> {path in their folder: text}
+        "nb": {"softmax.ipynb": handed_in_notebook(softmax), "causal_mask.py": ref_mask},
+        "caps": {"Softmax.py": ref_softmax, "Causal_Mask.py": ref_mask},
+        "dash": {"softmax (1).py": ref_softmax, "causal-mask.py": ref_mask},
+        "zipped": {"hw3/softmax.py": ref_softmax, "hw3/causal_mask.py": ref_mask},
+        "both": {"softmax.ipynb": handed_in_notebook(softmax), "Softmax.py": ref_softmax,
+                 "causal_mask.py": ref_mask, "causal-mask (1).py": OVERFLOW},   # the expected name wins
+    }
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    for learner, files in handed.items():
+        for name, text in files.items():
+            (subs / learner / name).parent.mkdir(parents=True, exist_ok=True)
+            (subs / learner / name).write_text(text)
+    run = kata_grade(subs, out)
+    assert run.returncode == 0, run.stderr
+    full = softmax.max_score + mask.max_score
+    rows = grades(out)
+    assert {name: float(rows[name]["total"]) for name in handed} == {
+        "nb": full, "caps": full, "dash": full, "zipped": full, "both": mask.max_score}
+    said = {name: (out / name / "feedback.md").read_text() for name in handed}
+    assert "No softmax.py was submitted, so `softmax.ipynb`, the one file named like it, was graded." in said["nb"]
+    assert "so `Causal_Mask.py`, the one file named like it, was graded." in said["caps"]
+    assert "so `softmax (1).py`, the one file named like it, was graded." in said["dash"]
+    assert "so `hw3/softmax.py`, the one file named like it, was graded." in said["zipped"]
+    assert ("`Softmax.py` and `softmax.ipynb` could each be your softmax.py, so none was graded: submit one "
+            "of them, named softmax.py.") in said["both"]
+    assert "named like it" not in said["both"].split("## causal-mask")[1]
+    # The instructor's log lists every file graded under another name, and each refusal.
+    assert "zipped/softmax: No softmax.py was submitted, so `hw3/softmax.py`" in run.stderr
+    assert "both/softmax: `Softmax.py` and `softmax.ipynb` could each be" in run.stderr
+    # Renamed, the same file is graded again: the feedback must name the file graded.
+    (subs / "dash" / "softmax (1).py").rename(subs / "dash" / "softmax (2).py")
+    again = kata_grade(subs, out)
+    assert "1 pair(s) to grade" in again.stderr and "`softmax (2).py`" in (out / "dash" / "feedback.md").read_text()
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["plain", "force"])
+def test_ctrl_c_keeps_what_was_graded_and_the_next_run_resumes(tmp_path, forced):
     subs, out = tmp_path / "subs", tmp_path / "out"
     # A second at import: the run is still grading when the interrupt comes, however fast the machine.
     slow = "import time\ntime.sleep(1)\n" + (REFERENCE / "softmax.py").read_text()
     for i in range(6):
         (subs / f"l{i}").mkdir(parents=True)
         (subs / f"l{i}" / "softmax.py").write_text(slow)
-    proc = subprocess.Popen([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax", "-j", "1"],
+    proc = subprocess.Popen([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax", "-j", "1",
+                             *(["--force"] if forced else [])],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     records = out / ".kata" / "records"
     deadline = time.monotonic() + 120
@@ -171,6 +360,7 @@ def test_ctrl_c_keeps_what_was_graded_and_the_next_run_resumes(tmp_path):
     if proc.returncode == 0:
         pytest.skip("the run finished before the interrupt arrived")
     assert proc.returncode == 130 and "Interrupted" in err
+    assert ("run the same command again without --force to grade the rest" in err) == forced, err
     assert 1 <= saved < 6
     resumed = subprocess.run([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax"],
                              capture_output=True, text=True, timeout=300)

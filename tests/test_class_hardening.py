@@ -179,7 +179,7 @@ def test_hostile_text_cannot_stop_a_class_run(space):
     assert set(grades(out)) == {"learner", *learners}
     assert "## Folders not graded" in (out / "summary.md").read_text(encoding="utf-8")
     for path in out.rglob("*"):
-        if path.is_file():
+        if path.is_file() and path.suffix != ".png":
             path.read_bytes().decode("utf-8")   # strict: raises on anything not UTF-8
     assert float(grades(out)["honest"][0]) == FULL   # the others cost the honest learner nothing
     # The texts reached the files, their lone surrogates replaced: every channel was tried.
@@ -234,7 +234,8 @@ def test_grades_csv_holds_no_formula(space):
     rows = grades(out)
     assert set(rows) == {"learner", "ada", *(f"'{name}" for name in FORMULAS)}
     for row in rows.values():   # the scores stay plain numbers
-        assert all(cell in ("softmax", "total", "max") or float(cell) >= 0 for cell in row)
+        assert all(cell in ("softmax", "total", "max", "softmax status", "missing") or float(cell) >= 0
+                   for cell in row)
 
 
 # --- 4. names that look alike -----------------------------------------------------------------------

@@ -99,6 +99,7 @@ def autograde(root: Path, files: dict[str, str | Path], launcher: tuple[str, ...
     shutil.rmtree(root / "results", ignore_errors=True)
     submission.mkdir()
     for name, content in files.items():
+        (submission / name).parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, Path):
             (submission / name).symlink_to(content)
         else:
@@ -184,6 +185,17 @@ def test_empty_submission_scores_zero_and_says_what_is_missing(installed):
     assert all(t["status"] == "failed" for t in results["tests"])
     text = json.dumps(results)
     assert all(f"No {k.learner_file} was submitted." in text for k in KATAS)
+
+
+def test_files_as_students_hand_them_in_are_found_and_listed(installed):
+    """What zipping a folder gives (hw3/...), and a browser's second download of a file."""
+    softmax, mask = KATAS
+    results, stdout = autograde(installed, {"hw3/softmax.py": softmax.reference_path.read_text(),
+                                            "causal-mask (1).py": mask.reference_path.read_text()})
+    assert results["score"] == MAX_SCORE
+    assert "No softmax.py was submitted, so `hw3/softmax.py`, the one file named like it, was graded." in \
+        results["output"]
+    assert "Files submitted:\n./causal-mask (1).py\n./hw3/softmax.py\n" in stdout
 
 
 def test_crashing_submission_scores_zero(installed):

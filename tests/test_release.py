@@ -65,6 +65,16 @@ def test_bundle_holds_no_answer_code(bundle):
     assert isolated(bundle, "import reference").returncode != 0
 
 
+def test_bundle_readme_is_the_students(bundle):
+    readme = (bundle / "README.md").read_text()
+    assert readme.startswith("# Attention katas") and f"recorded at seed {SEED}" in readme
+    for slug in BUNDLED:
+        assert f"| `{slug}` | {find(slug).title} | `{find(slug).learner_file}` |" in readme
+    # The instructor's and the author's parts of the kit's README stay with the kit.
+    for theirs in ("kata grade", "kata release", "Gradescope", "nbgrader", "reference"):
+        assert theirs not in readme
+
+
 def test_a_release_seed_is_never_a_grading_seed(tmp_path):
     """Grading seeds lie in [2**31, 2**32) (tests/test_batch.py), release seeds below."""
     for seed in (str(2**31), str(2**32), "-1"):

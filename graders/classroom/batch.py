@@ -14,6 +14,7 @@ import concurrent.futures as futures
 import csv
 import hashlib
 import io
+import itertools
 import json
 import multiprocessing
 import os
@@ -22,11 +23,14 @@ import signal
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from ..engine.manifest import ROOT, Kata
 from ..engine.plugin import check_entry, check_names, grader_files
 from ..engine.untrusted import MAX_SUBMISSION_BYTES, TooLarge, read_capped, too_large
+from ..practice import plots
+from ..practice.notebook import MAX_NOTEBOOK_BYTES, grade_notebook, solution_source
 from .rules import SELF_STUDY, ClassRules, Policy, atomic_write
 
 RECORDS = Path(".kata") / "records"
@@ -37,22 +41,34 @@ OUTPUT_CAP = 4000   # characters of one check's text in results.json and feedbac
 
 @dataclass(frozen=True)
 class Pair:
+    """A learner's file for a kata: ``file`` is the one found (see ``find_submission``), or where
+    the expected one would be; ``why`` says why another name was graded, ``error`` why none was."""
     learner: str
     kata: Kata
     file: Path
+    why: str | None = None
+    error: str | None = None
 
     @property
     def label(self) -> str:
         return f"{self.learner}/{self.kata.slug}"
 
 
-CLASS_FILES = ("grades.csv", "summary.md")   # OUT/<learner>/ must not land on these
+# OUT/<learner>/ must not land on these
+CLASS_FILES = ("grades.csv", "checks.csv", "summary.md", "summary.png", "similarity.md", "overrides.csv")
 NO_SANDBOX = ("WARNING: graded with --no-sandbox: learner code ran without a sandbox, in a separate process only "
               "(as root where no other user could read Python's installation), so it could read the kit, other "
               "learners' files and OUT. These grades are not protected against cheating.")
 CONTAINER = ("Sandbox: container (--container): bubblewrap could not make namespaces in this grading container, "
              "so learner code ran as an unprivileged user of the container, who can read neither the kit nor "
              "the class's files, one user per grading process.")
+
+
+def printable(name: str) -> str:
+    """A file name from a learner, as plain text: bytes that are not UTF-8 and characters that do
+    not print (a newline, an escape sequence) written as escapes."""
+    shown = os.fsencode(name).decode("utf-8", "backslashreplace")
+    return shown if shown.isprintable() else shown.encode("unicode_escape").decode("ascii")
 
 
 def learner_folders(submissions: Path) -> tuple[list[str], dict[str, str]]:
@@ -64,9 +80,7 @@ def learner_folders(submissions: Path) -> tuple[list[str], dict[str, str]]:
         name = path.name
         if name.startswith(".") or not (path.is_dir() or path.is_symlink()):
             continue
-        shown = os.fsencode(name).decode("utf-8", "backslashreplace")
-        if not shown.isprintable():
-            shown = shown.encode("unicode_escape").decode("ascii")
+        shown = printable(name)
         if path.is_symlink():
             refused[shown] = "it is a symbolic link, not a folder"
         elif shown != name:
@@ -76,6 +90,47 @@ def learner_folders(submissions: Path) -> tuple[list[str], dict[str, str]]:
         else:
             names.append(name)
     return names, refused
+
+
+BROWSER_COPY = re.compile(r" *\(\d+\)$")   # "softmax (1).py": a second download of the same file
+
+
+def _spelled(stem: str) -> str:
+    """A file name's stem as a kata's module is spelled: case, "-" for "_" and a browser's " (1)"
+    aside (`Causal-Mask (1)` is `causal_mask`)."""
+    return re.sub(r"[- ]+", "_", BROWSER_COPY.sub("", stem)).lower()
+
+
+def _entries(folder: Path) -> list[Path]:
+    """What a learner's folder holds, in order, but for what tools leave there (.ipynb_checkpoints,
+    __pycache__, __MACOSX); nothing for a folder that cannot be read."""
+    try:
+        return sorted(p for p in folder.iterdir() if not p.name.startswith((".", "__")))
+    except OSError:
+        return []
+
+
+def find_submission(folder: Path, kata: Kata) -> Pair:
+    """``kata``'s file in a learner's ``folder``: the expected name (``kata.learner_file``), else
+    the one file spelled like it (``_spelled``), a .py or a notebook, at the top or one folder
+    down (what zipping a folder gives). Two such files are an error that names both."""
+    expected = folder / kata.learner_file
+    if expected.is_file() or expected.is_symlink():
+        return Pair(folder.name, kata, expected)
+
+    top = _entries(folder)
+    inner = [q for d in top if d.is_dir() and not d.is_symlink() for q in _entries(d)]
+    like = [p for p in top + inner
+            if p.suffix in (".py", ".ipynb") and not p.is_dir() and _spelled(p.stem) == kata.module]
+    shown = [f"`{printable(str(p.relative_to(folder)))}`" for p in like]
+    if len(like) > 1:
+        return Pair(folder.name, kata, expected, error=(
+            f"{', '.join(shown[:-1])} and {shown[-1]} could each be your {kata.learner_file}, so none was "
+            f"graded: submit one of them, named {kata.learner_file}."))
+    if like:
+        return Pair(folder.name, kata, like[0], why=(
+            f"No {kata.learner_file} was submitted, so {shown[0]}, the one file named like it, was graded."))
+    return Pair(folder.name, kata, expected)
 
 
 def _skeleton(name: str) -> str:
@@ -114,14 +169,19 @@ def kit_fingerprint(kata: Kata) -> str:
     return _digest(p for p in files if p.is_file())
 
 
+def size_limit(file: Path) -> int:
+    """The most bytes a learner's file may hold: a notebook keeps its outputs beside the code."""
+    return MAX_NOTEBOOK_BYTES if file.suffix == ".ipynb" else MAX_SUBMISSION_BYTES
+
+
 def submission_fingerprint(file: Path) -> str:
     """The file's sha256; a file too large to grade is not read (it is refused unread)."""
     if not file.is_file():
         return "missing"
     try:
-        return hashlib.sha256(read_capped(file)).hexdigest()
+        return hashlib.sha256(read_capped(file, size_limit(file))).hexdigest()
     except TooLarge:
-        return f"larger than {MAX_SUBMISSION_BYTES} bytes"
+        return f"larger than {size_limit(file)} bytes"
 
 
 def linked_out(file: Path, folder: Path) -> str | None:
@@ -131,6 +191,69 @@ def linked_out(file: Path, folder: Path) -> str | None:
     if file.resolve().is_relative_to(folder.resolve()):
         return None
     return f"{file.name} is a link to a file outside your submission, so it was not graded."
+
+
+# --- the instructor's overrides -------------------------------------------------------------------
+
+OVERRIDES = "overrides.csv"   # in OUT: the instructor's, read by every run
+OVERRIDE_COLUMNS = ["learner", "kata", "score", "reason"]
+
+
+class OverridesError(ValueError):
+    """OUT/overrides.csv cannot be applied; the message names the line and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Override:
+    score: float
+    reason: str
+
+
+def read_overrides(path: Path, katas: list[Kata], learners: list[str]) -> dict[tuple[str, str], Override]:
+    """(learner, slug) -> the score the instructor gives instead of the graded one, and why, from
+    ``path`` (columns learner, kata, score, reason; none where it does not exist)."""
+    if not path.exists():
+        return {}
+    by_slug = {k.slug: k for k in katas}
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise OverridesError(f"{path} cannot be read: {exc}.") from None
+    if not rows or [c.strip() for c in rows[0]] != OVERRIDE_COLUMNS:
+        raise OverridesError(f"{path}: its first line must be {','.join(OVERRIDE_COLUMNS)}.")
+    found = {}
+    for line, row in enumerate(rows[1:], 2):
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) > 4:
+            raise OverridesError(f"{path}, line {line}: it has {len(row)} cells, not 4 (quote a reason that "
+                                 "holds a comma).")
+        learner, slug, score, reason = (cell.strip() for cell in row + [""] * (4 - len(row)))
+        kata = by_slug.get(slug)
+        try:
+            points = float(score)
+        except ValueError:
+            points = None
+        why = (f"no learner folder {learner!r}" if learner not in learners else
+               f"{slug!r} is not one of this class's katas ({', '.join(by_slug)})" if kata is None else
+               f"the score {score!r} is not a number from 0 to {kata.max_score:g}"
+               if points is None or not 0 <= points <= kata.max_score else
+               "the reason is empty: say why, the learner reads it" if not reason else
+               f"{learner}'s {kata.slug} is overridden on an earlier line too" if (learner, kata.slug) in found
+               else None)
+        if why:
+            raise OverridesError(f"{path}, line {line}: {why}.")
+        found[learner, kata.slug] = Override(points, reason)
+    return found
+
+
+def overridden(result: dict, override: Override | None) -> dict:
+    """The result with the instructor's score in place of the graded one, marked as such."""
+    if override is None:
+        return result
+    return {**result, "score": override.score,
+            "override": {"score": override.score, "graded": result["score"], "reason": override.reason}}
 
 
 # --- results for pairs the runner did not grade ---------------------------------------------------
@@ -179,9 +302,12 @@ def _grade_in_process(slug: str, file: str, seeds: tuple[int, int], device: str,
         cuda = kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
         _zygotes[kata.framework] = Zygote([kata.framework], isolated=sandbox == "bwrap",
                                           container=sandbox == "container", cuda=cuda, warm=True)
+    grade_file = grade_notebook if file.endswith(".ipynb") else grade
     try:
-        return grade(kata, Path(file), seed=seeds[0], hidden_seed=seeds[1], device=device,
-                     zygote=_zygotes[kata.framework])
+        return grade_file(kata, Path(file), seed=seeds[0], hidden_seed=seeds[1], device=device,
+                          zygote=_zygotes[kata.framework])
+    except ValueError as exc:   # a notebook that is not one, or has no solution cell
+        return unrun_result(kata, Path(file), "error", str(exc))
     except RunnerError as exc:
         return unrun_result(kata, Path(file), "error", f"The kit could not grade this file: {exc}")
 
@@ -207,7 +333,8 @@ class Grading:
         self.refused_folders = {**(refused_folders or {}), **found}
         self.refused = refused or {}
         self.kit = {k.slug: kit_fingerprint(k) for k in katas}
-        self.pairs = [Pair(name, kata, self.submissions / name / kata.learner_file)
+        self.overrides = read_overrides(self.out / OVERRIDES, katas, self.learners)
+        self.pairs = [find_submission(self.submissions / name, kata)
                       for name in self.learners if only is None or name in only for kata in katas]
 
     def record_path(self, learner: str, slug: str) -> Path:
@@ -224,6 +351,7 @@ class Grading:
         record = self.load_record(pair.learner, pair.kata.slug)
         return (record is not None and not record.get("kit_error")
                 and record.get("submission") == submission_fingerprint(pair.file)
+                and record.get("graded_as") == pair.why
                 and record.get("kit") == self.kit[pair.kata.slug]
                 and record.get("seeds") == list(self.seeds(pair)))   # graded under this class's secret
 
@@ -236,7 +364,7 @@ class Grading:
         # What replays this grading exactly: the same file, kit and seeds (`kata grade --replay`).
         record = {"learner": pair.learner, "kata": pair.kata.slug, "submission": fingerprint,
                   "kit": self.kit[pair.kata.slug], "seeds": list(self.seeds(pair)), "kit_error": kit_error,
-                  "result": result}
+                  "graded_as": pair.why, "result": result}
         atomic_write(self.record_path(pair.learner, pair.kata.slug), json.dumps(record, indent=1))
 
     def todo(self) -> list[Pair]:
@@ -247,9 +375,12 @@ class Grading:
         name = pair.kata.learner_file
         if (pair.learner, pair.kata.slug) in self.refused:
             return "error", self.refused[pair.learner, pair.kata.slug]
+        if pair.error:
+            return "error", pair.error
         if not pair.file.is_file():
             return "missing", f"No {name} was submitted."
-        refused = linked_out(pair.file, self.submissions / pair.learner) or too_large(pair.file)
+        refused = (linked_out(pair.file, self.submissions / pair.learner)
+                   or too_large(pair.file, size_limit(pair.file)))
         return None if refused is None else ("error", refused)
 
     def run(self, pairs: list[Pair], progress=lambda pair, result: None, *, keep: bool = True):
@@ -328,26 +459,44 @@ class Grading:
     # --- the class files ------------------------------------------------------------------------
 
     def results(self) -> dict[str, dict[str, dict]]:
-        """learner -> slug -> result as the class's policy grades it, for every kata graded in OUT
-        (this run's and earlier ones)."""
-        return {name: {k.slug: self.rules.policy.apply(r["result"]) for k in self.all_katas()
-                       if (r := self.load_record(name, k.slug)) is not None}
+        """learner -> slug -> result as the class's policy grades it, for this run's katas, with the
+        instructor's overrides (OUT/overrides.csv) applied."""
+        return {name: {k.slug: self._result(name, k.slug, record) for k in self.katas
+                       if (record := self.load_record(name, k.slug)) is not None}
                 for name in self.learners}
 
-    def all_katas(self) -> list[Kata]:
-        from ..engine import manifest
+    def _result(self, learner: str, slug: str, record: dict) -> dict:
+        graded = {**self.rules.policy.apply(record["result"]), "graded_as": record.get("graded_as")}
+        return overridden(graded, self.overrides.get((learner, slug)))
 
-        recorded = {p.stem for p in (self.out / RECORDS).glob("*/*.json")}
-        wanted = {k.slug for k in self.katas}
-        return [k for k in manifest.katas() if k.slug in wanted or k.slug in recorded]
+    def sources(self, results: dict) -> dict[str, dict[str, str]]:
+        """learner -> slug -> the code graded (a notebook's solution cells), for each file graded."""
+        found = {}
+        for name, by_kata in results.items():
+            for slug, result in by_kata.items():
+                if result["seed"] is None:   # missing or refused: nothing of it ran
+                    continue
+                file = Path(result["file"])
+                try:
+                    code = (solution_source(file) if file.suffix == ".ipynb"
+                            else read_capped(file, size_limit(file)).decode("utf-8", "replace"))
+                except (OSError, ValueError):   # gone or changed since it was graded
+                    continue
+                found.setdefault(name, {})[slug] = code
+        return found
 
     def write_class_files(self):
-        katas = self.all_katas()
+        """grades.csv, checks.csv, summary.md and each learner's results.json and feedback.md, for
+        this run's katas (a kata graded into OUT by an earlier run keeps its records only)."""
+        katas = self.katas
         results = self.results()
         # A result graded without bwrap (now or in an earlier run) warns in every class file.
         modes = {r.get("sandbox") for by_kata in results.values() for r in by_kata.values()}
         unsandboxed = "process" in modes
         atomic_write(self.out / "grades.csv", grades_csv(katas, results))
+        atomic_write(self.out / "checks.csv", checks_csv(katas, results))
+        atomic_write(self.out / "similarity.md", similarity_md(katas, self.sources(results)))
+        plots.save(summary_figure(katas, results), self.out / "summary.png")
         for name, by_kata in results.items():
             graded = gradescope_results(katas, by_kata, self.show_hidden_diagnoses, self.rules.policy)
             if unsandboxed:
@@ -386,16 +535,39 @@ def _cell(text: str) -> str:
     return f"'{text}" if text.startswith(FORMULA_START) and not NUMBER.fullmatch(text) else text
 
 
-def grades_csv(katas: list[Kata], results: dict) -> str:
+def _csv(rows) -> str:
     buf = io.StringIO()
-    out = csv.writer(buf, lineterminator="\n")
-    rows = [["learner", *(k.slug for k in katas), "total", "max"]]
+    csv.writer(buf, lineterminator="\n").writerows([_cell(str(text)) for text in row] for row in rows)
+    return buf.getvalue()
+
+
+def _status_cell(result: dict) -> str:
+    return result["status"] + (" (overridden)" if result.get("override") else "")
+
+
+def grades_csv(katas: list[Kata], results: dict) -> str:
+    """A row per learner: each kata's score, the total and the most there was, then each kata's
+    status (passed, failed, not-started, error, missing; empty where it was never graded), which
+    tells a 0 for a missing file from a 0 for a crash."""
+    rows = [["learner", *(k.slug for k in katas), "total", "max", *(f"{k.slug} status" for k in katas)]]
     for name, by_kata in sorted(results.items()):
         scores = [by_kata[k.slug]["score"] if k.slug in by_kata else 0.0 for k in katas]
         rows.append([name, *map(_num, scores), _num(round(sum(scores), 6)),
-                     _num(round(sum(k.max_score for k in katas), 6))])
-    out.writerows([_cell(text) for text in row] for row in rows)
-    return buf.getvalue()
+                     _num(round(sum(k.max_score for k in katas), 6)),
+                     *(_status_cell(by_kata[k.slug]) if k.slug in by_kata else "" for k in katas)])
+    return _csv(rows)
+
+
+def checks_csv(katas: list[Kata], results: dict) -> str:
+    """A row per learner, kata and check, hidden checks included (this file is the instructor's):
+    for item analysis, which checks a class fails and with which diagnosis."""
+    rows = [["learner", "kata", "check", "score", "max", "status", "diagnosis"]]
+    for name, by_kata in sorted(results.items()):
+        for kata in katas:
+            for check in by_kata[kata.slug]["checks"] if kata.slug in by_kata else ():
+                rows.append([name, kata.slug, check["id"], _num(check["score"]), _num(check["max_score"]),
+                             check["status"], check.get("diagnosis") or ""])
+    return _csv(rows)
 
 
 def _check_text(check: dict, kata: Kata, show_hidden_diagnoses: bool, policy: Policy) -> str:
@@ -438,7 +610,9 @@ def gradescope_results(katas: list[Kata], by_kata: dict, show_hidden_diagnoses: 
         if result is None:
             continue
         lines.append(f"{kata.slug}: {_num(result['score'])}/{_num(result['max_score'])} ({result['status']})"
-                     + (f" {BANNED_NOTE}" if result.get("banned") else ""))
+                     + (f" {BANNED_NOTE}" if result.get("banned") else "")
+                     + (f" {result['graded_as']}" if result.get("graded_as") else "")
+                     + (f" {_override_text(result)}" if result.get("override") else ""))
         titles = _titles(result, policy)
         for i, check in enumerate(result["checks"], 1):
             if check["status"] == "skipped" and not _hidden(check):
@@ -457,6 +631,12 @@ def gradescope_results(katas: list[Kata], by_kata: dict, show_hidden_diagnoses: 
             "tests": tests}
 
 
+def _override_text(result: dict) -> str:
+    o = result["override"]
+    return (f"Your instructor set this kata's score to {_num(o['score'])}/{_num(result['max_score'])} "
+            f"(graded {_num(o['graded'])}): {o['reason']}")
+
+
 def feedback_md(name: str, katas: list[Kata], by_kata: dict, show_hidden_diagnoses: bool,
                 policy: Policy = SELF_STUDY) -> str:
     total = sum(r["score"] for r in by_kata.values())
@@ -468,6 +648,10 @@ def feedback_md(name: str, katas: list[Kata], by_kata: dict, show_hidden_diagnos
             continue
         lines += [f"## {kata.slug}: {kata.title}: {_num(result['score'])}/{_num(result['max_score'])} "
                   f"({result['status']})", ""]
+        if result.get("graded_as"):
+            lines += [result["graded_as"], ""]
+        if result.get("override"):
+            lines += [f"**{_override_text(result)}**", ""]
         if result["status"] == "missing":
             lines += [f"No `{kata.learner_file}` was submitted.", ""]
             continue
@@ -497,6 +681,83 @@ def feedback_md(name: str, katas: list[Kata], by_kata: dict, show_hidden_diagnos
     return "\n".join(lines)
 
 
+def summary_figure(katas: list[Kata], results: dict):
+    """summary.png: each kata's scores across the class (a share of its full score, one dot a
+    learner, the box their quartiles), and the diagnoses found most often."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 5), layout="constrained")
+    FigureCanvasAgg(figure)
+    scores, common = figure.subplots(1, 2, width_ratios=(3, 2))
+    shares = [[by_kata[k.slug]["score"] / k.max_score for by_kata in results.values() if k.slug in by_kata]
+              for k in katas]
+    columns = range(1, len(katas) + 1)
+    scores.boxplot(shares, positions=list(columns), widths=0.6, showfliers=False)
+    for column, share in zip(columns, shares):
+        jitter = [column + 0.25 * ((i * 0.618) % 1 - 0.5) for i in range(len(share))]   # spread, the same every run
+        scores.plot(jitter, share, "o", color="tab:blue", alpha=0.5, markersize=4)
+    scores.set(xticks=list(columns), ylim=(-0.05, 1.05), ylabel="score, as a share of the kata's full score",
+               title=f"Scores of {len(results)} learner(s)")
+    scores.set_xticklabels([k.slug for k in katas], rotation=30, ha="right")
+    found = Counter((slug, code) for by_kata in results.values() for slug, r in by_kata.items()
+                    for code in r["diagnoses"]).most_common(10)
+    if found:
+        common.barh(range(len(found), 0, -1), [count for _, count in found], color="tab:red")
+        common.set(yticks=range(len(found), 0, -1), yticklabels=[f"{code} ({slug})" for (slug, code), _ in found],
+                   xlabel="learners", title="Diagnoses found most often")
+    else:
+        common.set_axis_off()
+        common.text(0.5, 0.5, "No known bug was diagnosed.", ha="center", va="center")
+    return figure
+
+
+# copydetect's winnowing (as MOSS does): fingerprints of 25-token k-grams, one kept per window of 6,
+# after names and literals are normalised, so renaming variables hides nothing.
+NOISE_TOKENS, WINDOW = 25, 6
+# The share of each file's fingerprinted code found in the other. Correct solutions written
+# independently (the style zoo's, per kata) share at most a third; a copy with names changed, all.
+SIMILAR = 0.7
+
+
+def _fingerprint(code: str, boilerplate=None):
+    from copydetect import CodeFingerprint
+
+    return CodeFingerprint("code.py", NOISE_TOKENS, WINDOW, boilerplate=boilerplate, fp=io.StringIO(code))
+
+
+def similarity_md(katas: list[Kata], sources: dict[str, dict[str, str]]) -> str:
+    """For each kata, the pairs of learners whose files share most of their code beyond the
+    kata's stub (the code the kit gives), most similar first."""
+    import numpy as np
+    from copydetect import compare_files
+
+    lines = ["# Similar files", "",
+             f"Pairs of learners whose files for a kata share at least {SIMILAR:.0%} of their code both ways, "
+             "beyond the kata's stub, compared by copydetect's winnowing (as MOSS does: names and literals do "
+             "not count). Correct solutions written apart share at most about a third. A listed pair is a "
+             "place to look, not a verdict.", ""]
+    rows = []
+    for kata in katas:
+        given = np.array(sorted(_fingerprint(kata.stub_path.read_text(encoding="utf-8")).hashes), dtype=np.int64)
+        prints = {name: _fingerprint(by_kata[kata.slug], given) for name, by_kata in sorted(sources.items())
+                  if kata.slug in by_kata}
+        prints = {name: fp for name, fp in prints.items() if fp.token_coverage >= NOISE_TOKENS}   # not the stub alone
+        similar = []
+        for (a, pa), (b, pb) in itertools.combinations(prints.items(), 2):
+            if len(pa.hashes & pb.hashes) < SIMILAR * min(len(pa.hashes), len(pb.hashes)):
+                continue   # too few shared fingerprints to reach SIMILAR: no need to align them
+            _, (sa, sb), _ = compare_files(pa, pb)
+            if min(sa, sb) >= SIMILAR:
+                similar.append((min(sa, sb), f"| {kata.slug} | `{a}` | `{b}` | {sa:.0%} | {sb:.0%} |"))
+        rows += [row for _, row in sorted(similar, key=lambda pair: -pair[0])]
+    if rows:
+        lines += ["| kata | learner | learner | of the first's code | of the second's |", "|---|---|---|---|---|", *rows]
+    else:
+        lines.append("No pair of files is that similar.")
+    return "\n".join(lines) + "\n"
+
+
 def policy_text(policy: Policy) -> str:
     said = [what for on, what in ((policy.banned_fails, "a banned API scores the kata 0"),
                                   (policy.withhold_fixes, "feedback withholds the fixes"),
@@ -506,6 +767,8 @@ def policy_text(policy: Policy) -> str:
     return f"{text[0].upper()}{text[1:]}." if said else "Self-study rules (no `kata grade` policy flag set)."
 
 
+SEEDS = ("Seeds: every pair's inputs, public and hidden, come from the class's secret (OUT/.kata/class.json), the "
+         "learner and the kata: the same file gets the same grade on every run.")
 LOOKALIKES = ("Warning: some learners' names look alike, differing only in Unicode normalisation or in look-alike "
               "letters (a Cyrillic а for a Latin a, say). Each folder was graded as a learner of its own: check "
               "that these are different people.")
@@ -515,7 +778,8 @@ def summary_md(katas: list[Kata], results: dict, refused: dict | None = None, wa
                policy: Policy = SELF_STUDY) -> str:
     n = len(results)
     lines = ["# Class summary", "", *([f"**{warning}**", ""] if warning else []),
-             f"{n} learner(s), {len(katas)} kata(s).", "", f"Policy: {policy_text(policy)}", ""]
+             f"{n} learner(s), {len(katas)} kata(s).", "", f"Policy: {policy_text(policy)}", "", SEEDS, "",
+             f"Kit: attention-katas {metadata.version('attention-katas')}.", ""]
     lookalikes = lookalike_names(results)
     if lookalikes:   # each spelled out too (ascii), where the eye cannot tell them apart
         lines += [f"**{LOOKALIKES}**", "",
@@ -523,6 +787,11 @@ def summary_md(katas: list[Kata], results: dict, refused: dict | None = None, wa
     lines += ["| kata | full score | pass rate | mean score | failed | not started | error | missing |",
               "|---|---|---|---|---|---|---|---|"]
     diagnoses, checks = Counter(), Counter()
+    who = {}   # (slug, status or diagnosis) -> learners
+    for name, by_kata in sorted(results.items()):
+        for slug, r in by_kata.items():
+            for key in (r["status"], *r["diagnoses"]):
+                who.setdefault((slug, key), []).append(f"`{name}`")
     for kata in katas:
         got = [by_kata[kata.slug] for by_kata in results.values() if kata.slug in by_kata]
         status = Counter(r["status"] for r in got)
@@ -537,12 +806,25 @@ def summary_md(katas: list[Kata], results: dict, refused: dict | None = None, wa
     lines += ["", "## What the class got wrong", ""]
     if diagnoses:
         by_slug = {k.slug: k for k in katas}
-        lines += ["| diagnosis | kata | learners | share | what it means |", "|---|---|---|---|---|"]
+        lines += ["| diagnosis | kata | learners | share | what it means | who |", "|---|---|---|---|---|---|"]
         for (slug, code), count in diagnoses.most_common():
             d = by_slug[slug].diagnoses.get(code)
-            lines.append(f"| `{code}` | {slug} | {count} | {100 * count / n:.0f}% | {d.explain if d else ''} |")
+            lines.append(f"| `{code}` | {slug} | {count} | {100 * count / n:.0f}% | {d.explain if d else ''} | "
+                         f"{', '.join(who[slug, code])} |")
     else:
         lines.append("No known bug was diagnosed.")
+    looks = [(kata.slug, status, who[kata.slug, status]) for kata in katas
+             for status in ("error", "missing", "not-started") if (kata.slug, status) in who]
+    if looks:
+        lines += ["", "## Learners to look at", "", "| kata | status | who |", "|---|---|---|"]
+        lines += [f"| {slug} | {status} | {', '.join(names)} |" for slug, status, names in looks]
+    changed = [(name, slug, r["override"]) for name, by_kata in sorted(results.items())
+               for slug, r in by_kata.items() if r.get("override")]
+    if changed:
+        lines += ["", f"## Scores overridden ({OVERRIDES})", "", "| learner | kata | score | graded | reason |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| `{name}` | {slug} | {_num(o['score'])} | {_num(o['graded'])} | {o['reason']} |"
+                  for name, slug, o in changed]
     if refused:
         lines += ["", "## Folders not graded", "", "| folder | why |", "|---|---|"]
         lines += [f"| `{name}` | {why} |" for name, why in refused.items()]

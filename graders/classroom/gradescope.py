@@ -113,6 +113,8 @@ if [ -d "$root/submission" ]; then
 fi
 # `kata grade` reads the files as root: a submitted symlink to the reference must not count.
 find "$work/submissions" -type l -delete
+echo "Files submitted:"
+(cd "$work/submissions/submission" && find . -type f | LC_ALL=C sort | cat -v)
 # The class's secret and policy: every re-run of a submission draws the same inputs.
 mkdir -p "$work/out/.kata" && cp "$root/source/class.json" "$work/out/.kata/class.json"
 

@@ -46,6 +46,7 @@ def build(out: Path, katas: list[Kata], *, seed: int, progress=lambda text: None
     if bundle_info() is not None:
         raise ReleaseError(NO_REFERENCE.format(command="release"))
     _copy_kit(out, katas)
+    (out / "README.md").write_text(student_readme(katas, seed), encoding="utf-8")
     (out / "graders" / "recorded").mkdir()
     with Zygote({k.framework for k in katas}, isolated=None, warm=True) as zygote, tempfile.TemporaryDirectory(prefix="kata-release-") as tmp:
         for kata in katas:
@@ -85,10 +86,10 @@ def answers_in(root: Path) -> list[str]:
 def _copy_kit(out: Path, katas: list[Kata]):
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("cli.py", "README.md", "LICENSE"):
+    for name in ("cli.py", "LICENSE"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, out / name)
-    (out / "pyproject.toml").write_text(_bundle_pyproject(readme=(out / "README.md").exists()), encoding="utf-8")
+    (out / "pyproject.toml").write_text(_bundle_pyproject(), encoding="utf-8")
     for package in kit_packages():
         shutil.copytree(ROOT / "graders" / package, out / "graders" / package, ignore=skip)
     shutil.copy2(ROOT / "graders" / "__init__.py", out / "graders" / "__init__.py")
@@ -105,7 +106,50 @@ def kit_packages() -> list[str]:
     return sorted(p.parent.name for p in (ROOT / "graders").glob("*/__init__.py"))
 
 
-def _bundle_pyproject(*, readme: bool) -> str:
+def student_readme(katas: list[Kata], seed: int) -> str:
+    """The bundle's README: what a student does with it (the kit's own README is the
+    instructor's and the author's too)."""
+    rows = "\n".join(f"| `{k.slug}` | {k.title} | `{k.learner_file}` |" for k in katas)
+    first = katas[0]
+    python = metadata.metadata("attention-katas")["Requires-Python"]
+    return f"""# Attention katas
+
+Your exercises: write each kata's code from scratch, and `kata check` tells you exactly what is
+wrong (the call, the case, what came back, what was expected, the known bug your output matches
+and how to fix it).
+
+| kata | task | your file |
+|---|---|---|
+{rows}
+
+## Set up
+
+Python `{python}`, in this folder:
+
+```bash
+python -m venv .venv && . .venv/bin/activate
+pip install .
+```
+
+Checks run your code in bubblewrap's sandbox where it is installed (`sudo apt-get install
+bubblewrap` on Debian and Ubuntu); without it, in a separate process, and `kata check` says so.
+
+## Work
+
+```bash
+kata list                       # the katas, with your status and best score
+kata start {first.slug:<20} # writes {first.learner_file} and shows the task
+kata check {first.slug:<20} # grades it
+kata hint {first.slug:<21} # one hint at a time
+```
+
+`kata check` grades the public checks against expected values recorded at seed {seed}, the only
+seed it takes here. The hidden checks are listed as skipped: they draw fresh inputs and run when
+your instructor grades. Hand in the files `kata start` made, under the same names.
+"""
+
+
+def _bundle_pyproject() -> str:
     """The bundle's pyproject.toml, from the installed kit's metadata (a checkout or a wheel
     install alike): the same name, version and dependencies, no reference package, and the
     recordings as package data."""
@@ -114,7 +158,7 @@ def _bundle_pyproject(*, readme: bool) -> str:
     lines = ['[build-system]', 'requires = ["setuptools>=69"]', 'build-backend = "setuptools.build_meta"', '',
              '[project]', 'name = "attention-katas"', f'version = "{meta["Version"]}"',
              'description = "Attention katas: a student bundle (public checks, recorded expected values)."',
-             *(['readme = "README.md"'] if readme else []), f'requires-python = "{meta["Requires-Python"]}"',
+             'readme = "README.md"', f'requires-python = "{meta["Requires-Python"]}"',
              f'dependencies = {json.dumps(requires)}', '', '[project.scripts]', 'kata = "cli:main"', '',
              '[tool.setuptools]', 'py-modules = ["cli"]',
              f'packages = {json.dumps(["graders", *(f"graders.{p}" for p in kit_packages()), "katas"])}', '',

@@ -13,6 +13,7 @@ only as "hidden check i of n" (and after the due date on Gradescope).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -55,6 +56,7 @@ SELF_STUDY = Policy()   # what a learner's own `kata check` does; a class's defa
 class ClassRules:
     secret: str
     policy: Policy
+    katas: tuple[str, ...] = ()   # the class's katas (slugs), the last `--katas` given; () every kata
 
     def seeds(self, learner: str, slug: str) -> tuple[int, int]:
         """(public seed, hidden seed) of one learner's kata: the same on every run of this class."""
@@ -64,8 +66,12 @@ class ClassRules:
         """These rules with the policy flags given (None: the rule stays as it is)."""
         return replace(self, policy=replace(self.policy, **{k: v for k, v in given.items() if v is not None}))
 
+    def with_katas(self, slugs) -> ClassRules:
+        return replace(self, katas=tuple(slugs))
+
     def to_json(self) -> str:
-        return json.dumps({"format": FORMAT, "secret": self.secret, "policy": asdict(self.policy)}, indent=1) + "\n"
+        return json.dumps({"format": FORMAT, "secret": self.secret, "policy": asdict(self.policy),
+                           "katas": list(self.katas)}, indent=1) + "\n"
 
 
 def new() -> ClassRules:
@@ -90,34 +96,51 @@ def load(out: Path) -> ClassRules | None:
                              "class's secret, without which grades cannot be reproduced.") from None
     names = {f.name for f in fields(Policy)}
     try:
-        secret, policy = data["secret"], data.get("policy", {})
+        secret, policy, katas = data["secret"], data.get("policy", {}), data.get("katas", [])
         bytes.fromhex(secret)
-        if data.get("format") != FORMAT or not set(policy) <= names or not all(type(v) is bool for v in policy.values()):
+        if (data.get("format") != FORMAT or not set(policy) <= names or not all(type(v) is bool for v in policy.values())
+                or not (type(katas) is list and all(type(k) is str for k in katas))):
             raise ValueError
     except (KeyError, TypeError, ValueError, AttributeError):
-        raise ClassFileError(f"{path} is not a class file of this kit (format {FORMAT}: a hex \"secret\" and a "
-                             f"\"policy\" of {', '.join(sorted(names))}); restore it from a copy of OUT.") from None
-    return ClassRules(secret, Policy(**policy))
+        raise ClassFileError(f"{path} is not a class file of this kit (format {FORMAT}: a hex \"secret\", a "
+                             f"\"policy\" of {', '.join(sorted(names))} and a list of \"katas\"); restore it from a "
+                             "copy of OUT.") from None
+    return ClassRules(secret, Policy(**policy), tuple(katas))
 
 
 def load_or_create(out: Path, **policy) -> ClassRules:
     """OUT's rules with the policy flags given (None: as before), written back; a new class gets
-    a new secret. The file is the instructor's own (mode 0600): it decides every hidden input."""
-    rules = (load(out) or new()).with_policy(**policy)
+    a new secret."""
+    rules = load_or_new(out, **policy)
     save(out, rules)
     return rules
 
 
+def load_or_new(out: Path, **policy) -> ClassRules:
+    """``load_or_create`` without the writing: for a run that may yet find nothing to grade."""
+    return (load(out) or new()).with_policy(**policy)
+
+
 def save(out: Path, rules: ClassRules):
-    path = Path(out) / CLASS_FILE
-    atomic_write(path, rules.to_json())
-    os.chmod(path, 0o600)
+    """Write the class file, the instructor's own (mode 0600 from the start): it decides every
+    hidden input."""
+    atomic_write(Path(out) / CLASS_FILE, rules.to_json(), mode=0o600)
 
 
-def atomic_write(path: Path, text: str):
-    """Write ``text`` so that readers see the old file or the new one, never half of it."""
+@functools.cache
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: Path, text: str, mode: int | None = None):
+    """Write ``text`` so that readers see the old file or the new one, never half of it. The file
+    gets ``mode``, by default what the umask gives a new file (a course's group, its TAs, reads
+    the class's files as it reads the instructor's others)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    os.fchmod(fd, 0o666 & ~_umask() if mode is None else mode)
     with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
         f.write(text)
         f.flush()
