@@ -733,15 +733,18 @@ def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay
     for pair in run.pairs:   # files found under another name, or two candidates for one kata
         if pair.why or pair.error:
             click.echo(f"{pair.label}: {pair.error or pair.why}", err=True)
+    # Pairs refused before grading (no file, a link out of the folder...) are done at once: they
+    # count in neither the rate nor the time left.
+    to_grade = {pair.label for pair in todo if run.refusal(pair) is None}
     started = time.perf_counter()
     done = graded = 0
-    with click.progressbar(length=len(todo), label="grading", show_pos=True, show_eta=True, file=sys.stderr,
-                           item_show_func=lambda rate: rate) as progress:
+    with click.progressbar(length=len(todo), label="grading", show_pos=True, show_eta=False, file=sys.stderr,
+                           item_show_func=lambda text: text) as progress:
         def advance(pair, result):
             nonlocal done, graded
             done += 1
-            graded += result["seed"] is not None   # missing files take no time: not in the rate
-            progress.update(1, f"{graded / (time.perf_counter() - started):.1f} pairs/s")
+            graded += pair.label in to_grade
+            progress.update(1, _progress_text(time.perf_counter() - started, graded, len(to_grade) - graded))
 
         try:
             run.run(todo, advance)
@@ -762,6 +765,20 @@ def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay
     else:
         click.echo(f"Nothing to grade: every pair is unchanged since its last grading (--force grades them "
                    f"again). {wrote}")
+
+
+def _progress_text(elapsed: float, graded: int, left: int) -> str | None:
+    """The grading bar's text, over the whole run: the rate of the pairs really graded, and the
+    time the ``left`` pairs still to grade should take at it (click's own ETA averages recent
+    steps, which pairs done at once make too fast, and soon forgets a slow one). None before the
+    first pair is graded."""
+    if not graded or elapsed <= 0:
+        return None
+    text = f"{graded / elapsed:.1f} pairs/s"
+    if left:
+        seconds = elapsed / graded * left
+        text += f", about {max(1, round(seconds))} s left" if seconds < 100 else f", about {seconds / 60:.0f} min left"
+    return text
 
 
 def _replay(run):

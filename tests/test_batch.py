@@ -2,6 +2,8 @@
 import csv
 import json
 import os
+import re
+import select
 import shutil
 import signal
 import stat
@@ -503,3 +505,79 @@ def test_a_grading_process_that_dies_takes_its_pair_to_a_fresh_one(tmp_path):
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert float(grades(out)["ada"]["softmax"]) == SLOW_SCORE
+
+
+def _bar_renders(command: list[str], timeout: float) -> tuple[int, list[tuple[float, int, int, str]]]:
+    """Run ``command`` in a pseudo-terminal, so that click draws its progress bar, and return its
+    exit code and each drawing of the bar: (seconds since the start when it was read, pairs done,
+    pairs to do, its text after the position)."""
+    reader, terminal = os.openpty()
+    start = time.monotonic()
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal,
+                            env={**os.environ, "NO_COLOR": "1"}, start_new_session=True)
+    os.close(terminal)
+    stream, read_at = b"", []   # read_at: (length of the stream after a read, when)
+    try:
+        while time.monotonic() - start < timeout:
+            if not select.select([reader], [], [], 1.0)[0]:
+                if proc.poll() is not None:   # exited, and nothing more to read
+                    break
+                continue
+            try:
+                chunk = os.read(reader, 65536)
+            except OSError:   # EIO: every writer of the terminal is gone
+                break
+            if not chunk:
+                break
+            stream += chunk
+            read_at.append((len(stream), time.monotonic() - start))
+    finally:
+        os.close(reader)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    code = proc.wait(timeout=60)
+    renders = []
+    for match in re.finditer(rb"\] +(\d+)/(\d+)([^\r\n\x1b]*)", stream):
+        when = next(t for end, t in read_at if end >= match.end())
+        renders.append((when, int(match[1]), int(match[2]), match[3].decode().strip()))
+    return code, renders
+
+
+def test_the_bar_estimates_the_time_left_from_the_pairs_really_graded(tmp_path):
+    """Issue 25: click's own ETA averages recent steps, so pairs with no file (done at once) make it
+    drop and a slow pair is forgotten a few steps later. The bar's estimate is the time spent so far
+    over the pairs really graded, times the pairs with a file still to grade."""
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    reference = find("softmax").reference_path.read_text()
+    files = {"ann": reference, "ben": "while True:\n    pass\n", "cat": reference, "dan": reference,
+             "eve": None, "fay": None, "gus": None, "hal": None}   # None: no softmax.py
+    for learner, source in files.items():
+        (subs / learner).mkdir(parents=True)
+        if source is not None:
+            (subs / learner / "softmax.py").write_text(source)
+    code, renders = _bar_renders([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax",
+                                  "-j", "1"], timeout=300)
+    assert code == 0, renders
+    shown = "\n".join(f"{t:6.2f} s  {done}/{total}  {text}" for t, done, total, text in renders)
+    by_pos = {}
+    for when, done, total, text in renders:
+        assert total == len(files), shown
+        by_pos.setdefault(done, (when, text))
+    # Pairs with no file are done first (1 to 4), then, by the one grading process, ann, ben (killed
+    # at the kata's import timeout), cat and dan.
+    assert set(by_pos) >= set(range(1, 9)), shown
+    slow = by_pos[6][0] - by_pos[5][0]
+    assert slow >= find("softmax").import_timeout_s - 1, shown   # the endless loop ran until killed
+    for done, graded, left in [(5, 1, 3), (6, 2, 2), (7, 3, 1)]:
+        text = by_pos[done][1]
+        estimate = re.fullmatch(r"[\d.]+ pairs/s, about (\d+) s left", text)
+        assert estimate, shown
+        if graded >= 2:
+            # At least the slow pair's share: spent / graded * left, where spent >= slow. The text
+            # rounds to whole seconds and the times here are read after the bar was drawn, hence
+            # the second of slack; with the missing pairs counted as graded, or the slow pair
+            # forgotten, the estimate would be well below.
+            assert int(estimate[1]) >= slow / graded * left - 1, shown
+    assert re.fullmatch(r"[\d.]+ pairs/s", by_pos[8][1]), shown   # nothing left to estimate
+    # The pairs with no file took no time and count as no graded pair: no rate, nothing to estimate.
+    assert [by_pos[i][1] for i in range(1, 5)] == [""] * 4, shown
