@@ -2,10 +2,12 @@
 generate_assignment`, learners' notebooks in submitted/, `kata nbgrader autograde`, `nbgrader export`."""
 import ast
 import csv
+import datetime
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,6 +103,16 @@ def test_a_malformed_notebook_is_refused_with_its_reason(course):
         assert "softmax.ipynb is not a readable notebook" in feedback, feedback
 
 
+def answer_lines(kata) -> set[str]:
+    """Every line of the reference that the stub does not share: the answer, but for the module's
+    docstring and imports."""
+    text = kata.reference_path.read_text()
+    doc = (ast.get_docstring(ast.parse(text)) or "").splitlines() or [""]
+    preamble = {line.strip() for line in doc} | {f'"""{doc[0]}'}
+    return {line.strip() for line in text.splitlines() if not line.startswith(("import ", "from "))} - \
+        {line.strip() for line in kata.stub_path.read_text().splitlines()} - preamble - {"", '"""'}
+
+
 def test_the_released_notebooks_hold_the_stub_and_no_reference_code(course):
     course, _ = course
     for slug in KATAS:
@@ -108,14 +120,8 @@ def test_the_released_notebooks_hold_the_stub_and_no_reference_code(course):
         cells = json.loads((course / "release" / "ps1" / f"{kata.module}.ipynb").read_text())["cells"]
         # The task (markdown) names the API on purpose; the code cells must not hold the answers.
         released = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-        # Every line of the reference that the stub does not share is part of the answer, but for
-        # its module docstring and imports.
+        assert not answer_lines(kata) & {line.strip() for line in released.splitlines()}, slug
         text = kata.reference_path.read_text()
-        doc = (ast.get_docstring(ast.parse(text)) or "").splitlines() or [""]
-        preamble = {line.strip() for line in doc} | {f'"""{doc[0]}'}
-        answer = {line.strip() for line in text.splitlines() if not line.startswith(("import ", "from "))} - \
-            {line.strip() for line in kata.stub_path.read_text().splitlines()} - preamble - {"", '"""'}
-        assert not answer & {line.strip() for line in released.splitlines()}, slug
         solution, = (c for c in cells if c["metadata"].get("nbgrader", {}).get("solution"))
         assert "".join(solution["source"]) == stub_cell(kata)   # what `kata start` gives
         assert "BEGIN HIDDEN TESTS" not in released
@@ -162,3 +168,99 @@ def test_the_class_policy_applies_to_a_course(course):
         run(KATA, "nbgrader", "autograde", course, "ps1", cwd=course)
     run(KATA, "nbgrader", "autograde", course, "ps1", "--show-fixes", cwd=course)
     assert "Fix:" in feedback.read_text()
+
+
+# --- nbgrader's whole round trip, through its own exchange ----------------------------------------
+
+ROUND_TRIP = ("softmax", "causal-mask")
+
+
+def exchanged(exchange: Path) -> list[str]:
+    """A student's options for nbgrader's exchange (its cache, where submissions are remembered
+    for fetch_feedback, beside it rather than in this user's home)."""
+    return ["--course", "course", f"--Exchange.root={exchange}", f"--Exchange.cache={exchange.with_name('cache')}"]
+
+
+def student_submits(exchange: Path, home: Path, student: str, solutions: dict[str, str | None]):
+    """What a student does: fetch the released assignment, write the solution cells (None: delete
+    that notebook), submit."""
+    home.mkdir()
+    run(sys.executable, "-m", "nbgrader", "fetch_assignment", "ps1", *exchanged(exchange), cwd=home)
+    for slug, code in solutions.items():
+        path = home / "ps1" / f"{find(slug).module}.ipynb"
+        if code is None:
+            path.unlink()
+            continue
+        nb = json.loads(path.read_text())
+        cell = next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("solution"))
+        cell["source"] = "".join(cell["source"]).split("\n")[0] + "\n" + code
+        path.write_text(json.dumps(nb))
+    run(sys.executable, "-m", "nbgrader", "submit", "ps1", *exchanged(exchange), "--student", student, cwd=home)
+
+
+@pytest.fixture(scope="module")
+def round_trip(tmp_path_factory):
+    """generate_assignment, release, fetch and submit (alice on time, bob after the due date, a
+    late penalty of 'zero' set in the course's config), collect, `kata nbgrader autograde`,
+    generate_feedback and export: every command nbgrader's own, but the kit's autograde."""
+    base = tmp_path_factory.mktemp("round-trip")
+    course, exchange = base / "course", base / "exchange"
+    run(KATA, "nbgrader", "init", course, "--assignment", "ps1", "--katas", ",".join(ROUND_TRIP), cwd=base)
+    with open(course / "nbgrader_config.py", "a") as f:
+        f.write(f"c.Exchange.root = {str(exchange)!r}\nc.LateSubmissionPlugin.penalty_method = 'zero'\n")
+    nbgrader = (sys.executable, "-m", "nbgrader")
+    run(*nbgrader, "generate_assignment", "ps1", cwd=course)
+    run(*nbgrader, "release_assignment", "ps1", cwd=course)
+    student_submits(exchange, base / "alice", "alice", {slug: reference(slug) for slug in ROUND_TRIP})
+    time.sleep(1.1)   # nbgrader's timestamps: the due date falls between the two submissions
+    due = datetime.datetime.now(datetime.timezone.utc)
+    time.sleep(1.1)
+    student_submits(exchange, base / "bob", "bob", {"softmax": OVERFLOW, "causal-mask": None})
+    run(*nbgrader, "db", "assignment", "add", "ps1", f"--duedate={due.isoformat()}", cwd=course)
+    run(*nbgrader, "collect", "ps1", cwd=course)
+    run(KATA, "nbgrader", "autograde", course, "ps1", cwd=course)
+    run(*nbgrader, "generate_feedback", "ps1", cwd=course)
+    run(*nbgrader, "release_feedback", "ps1", cwd=course)
+    run(*nbgrader, "fetch_feedback", "ps1", *exchanged(exchange), "--student", "alice", cwd=base / "alice")
+    return course
+
+
+def test_generate_feedback_renders_the_kits_grades_for_each_student(round_trip):
+    course = round_trip
+    for student in ("alice", "bob"):
+        for slug in ROUND_TRIP:
+            module = find(slug).module
+            assert (course / "autograded" / student / "ps1" / f"{module}.ipynb").is_file()
+            html = (course / "feedback" / student / "ps1" / f"{module}.html").read_text()
+            assert "graded by the kit" in html, student
+            if student == "bob":   # what the student wrote, never the source's solution
+                notebook = (course / "autograded" / student / "ps1" / f"{module}.ipynb").read_text()
+                code = "".join("".join(c["source"]) for c in json.loads(notebook)["cells"] if c["cell_type"] == "code")
+                assert not answer_lines(find(slug)) & {line.strip() for line in code.splitlines()}, slug
+    fetched = {p.name for p in (course.parent / "alice" / "ps1" / "feedback").glob("*/*.html")}
+    assert fetched == {f"{find(slug).module}.html" for slug in ROUND_TRIP}   # back to the student
+    softmax = (course / "feedback" / "bob" / "ps1" / "softmax.html").read_text()
+    assert "softmax-overflow" in softmax   # the kit's diagnosis, in the student's own feedback
+    assert "No causal_mask.ipynb was submitted" in (course / "feedback" / "bob" / "ps1" / "causal_mask.html").read_text()
+
+
+def test_autograded_cells_need_no_manual_grading(round_trip):
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{round_trip / 'gradebook.db'}") as gb:
+        for student in ("alice", "bob"):
+            submission = gb.find_submission("ps1", student)
+            assert submission.needs_manual_grade is False, student
+            assert all(not g.needs_manual_grade for nb in submission.notebooks for g in nb.grades)
+
+
+def test_export_has_the_submission_times_and_nbgraders_late_penalty(round_trip):
+    rows = exported(round_trip)
+    most = sum(find(slug).max_score for slug in ROUND_TRIP)
+    for student in ("alice", "bob"):
+        stamp = (round_trip / "submitted" / student / "ps1" / "timestamp.txt").read_text().strip()
+        assert rows[student]["timestamp"] and rows[student]["timestamp"][:19] == stamp.replace("T", " ")[:19]
+    alice, bob = rows["alice"], rows["bob"]
+    assert (float(alice["raw_score"]), float(alice["late_submission_penalty"]), float(alice["score"])) == (most, 0, most)
+    assert float(bob["raw_score"]) > 0   # the overflowing softmax keeps most of its points ...
+    assert float(bob["late_submission_penalty"]) == float(bob["raw_score"]) and float(bob["score"]) == 0   # ... but is late

@@ -19,6 +19,7 @@ formgrader show them.
 from __future__ import annotations
 
 import json
+import stat
 import tempfile
 import warnings
 from pathlib import Path
@@ -125,11 +126,85 @@ def _graded_source(notebook: Path, student: Path) -> str:
         raise ValueError(f"Your notebook was not graded: {exc}") from None
 
 
+SUBMISSION_FILES = ("timestamp.txt", "submission_secret.txt")   # what nbgrader submit writes beside the notebooks
+
+
+def _submission_file(folder: Path, name: str) -> str | None:
+    """``name`` in a student's submitted folder, when it is a small regular file (never a link)."""
+    path = folder / name
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode) or path.lstat().st_size > 1024:
+            return None
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _timestamp(text: str | None):
+    """A submission's time as nbgrader reads timestamp.txt; None where there is none to read."""
+    from nbgrader.utils import parse_utc
+
+    try:
+        return parse_utc(text.strip()) if text and text.strip() else None
+    except (ValueError, OverflowError):
+        return None
+
+
+def nbgrader_config(course: Path):
+    """The nbgrader configuration as nbgrader's commands load it in ``course``: the Jupyter config
+    folders' nbgrader_config.py (the user's above the system's), then the course's."""
+    from jupyter_core.paths import jupyter_config_path
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = Config()
+    for folder in [*reversed(jupyter_config_path()), str(course)]:
+        if (Path(folder) / "nbgrader_config.py").is_file():
+            config.merge(PyFileConfigLoader("nbgrader_config.py", path=folder).load_config())
+    return config
+
+
+def _stream(text: str) -> list[dict]:
+    return [{"output_type": "stream", "name": "stdout", "text": text.rstrip("\n") + "\n"}] if text.strip() else []
+
+
+def autograded_notebook(kata: Kata, source: str | None, result: dict | None, policy) -> dict:
+    """The notebook nbgrader keeps in autograded/ (read by ``generate_feedback`` and the
+    formgrader): the source notebook with the code graded in the solution cell, never the
+    reference, and each test cell's output what the learner may read of its check (as in
+    feedback.md: hidden checks say only that they failed)."""
+    from .batch import _check_text, _num, _override_text
+
+    notebook = course_notebook(kata)
+    checks = {c["id"]: c for c in (result or {}).get("checks", [])}
+    if result is None or result["status"] == "missing":
+        said = f"No {kata.module}.ipynb was submitted."
+    else:
+        said = "\n".join([f"{kata.slug}: {_num(result['score'])}/{_num(result['max_score'])} ({result['status']})",
+                          *([_override_text(result)] if result.get("override") else []),
+                          *([result["checks"][0]["message"]] if result["status"] == "error" and result["checks"] else [])])
+    for nb_cell in notebook["cells"]:
+        grade_id = nb_cell["metadata"].get("nbgrader", {}).get("grade_id", "")
+        if grade_id == solution_id(kata):
+            nb_cell["source"] = f"{marker(kata)}\n" if source is None else source
+            nb_cell["outputs"] = _stream(said)
+        elif nb_cell["metadata"].get("nbgrader", {}).get("grade"):
+            check = checks.get(grade_id.removeprefix(f"{kata.slug}-"))
+            if check is not None and result["status"] != "error":
+                points = f"{_num(check['score'])}/{_num(check['max_score'])}"
+                nb_cell["outputs"] = _stream(f"{check['status']} ({points})\n{_check_text(check, kata, False, policy)}")
+    return notebook
+
+
 def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sandbox: str = "bwrap",
               policy: dict | None = None, progress=lambda pair, result: None):
-    """Grade the submitted notebooks with the kit and write the scores into nbgrader's gradebook.
+    """Grade the submitted notebooks with the kit and do in nbgrader's gradebook and folders what
+    nbgrader's autograde does: scores (no cell left for manual grading), submission times and late
+    penalties as the course's config computes them, and the notebooks of autograded/.
     ``policy``: the class's policy flags (see ``rules``), kept with the course's records."""
-    from nbgrader.api import Gradebook, MissingEntry
+    import nbformat
+    from nbgrader.api import Gradebook
+    from nbgrader.preprocessors import AssignLatePenalties
 
     from .batch import Grading
 
@@ -138,6 +213,7 @@ def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sa
         raise LookupError(f"no submissions in {course / 'submitted'}/<student>/{assignment}/.")
     out = course / "kata" / assignment   # the kit's records, feedback.md and results per student
     refused = {}   # (student, slug) -> why the notebook was not graded
+    sources = {}   # (student, slug) -> the code graded
     with tempfile.TemporaryDirectory(prefix="kata-nbgrader-") as tmp:
         subs = Path(tmp)
         for student, notebooks in found.items():
@@ -150,6 +226,7 @@ def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sa
                 except ValueError as exc:
                     refused[student, kata.slug] = str(exc)
                 else:
+                    sources[student, kata.slug] = source
                     (subs / student / kata.learner_file).write_text(source, encoding="utf-8")
         run = Grading(subs, out, katas, jobs=jobs, force=False, rules=rules.load_or_create(out, **(policy or {})),
                       device="cpu", show_hidden_diagnoses=False, sandbox=sandbox, refused=refused,
@@ -157,19 +234,36 @@ def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sa
         run.run(run.todo(), progress)
         run.write_class_files()
         results = run.results()
-    with warnings.catch_warnings(), Gradebook(f"sqlite:///{(course / 'gradebook.db').resolve()}") as gb:
+    db_url = f"sqlite:///{(course / 'gradebook.db').resolve()}"
+    submitted = {student: {name: _submission_file(course / "submitted" / student / assignment, name)
+                           for name in SUBMISSION_FILES} for student in results}
+    with warnings.catch_warnings(), Gradebook(db_url) as gb:
         warnings.filterwarnings("ignore", module="nbgrader")   # its SQLAlchemy models warn on first use
         for student, by_kata in results.items():
             gb.update_or_create_student(student)
-            try:
-                gb.find_submission(assignment, student)
-            except MissingEntry:
-                gb.add_submission(assignment, student)
+            timestamp = _timestamp(submitted[student]["timestamp.txt"])
+            gb.update_or_create_submission(assignment, student, **({"timestamp": timestamp} if timestamp else {}))
             for kata in katas:
                 result = by_kata.get(kata.slug)
                 scores = {c["id"]: c["score"] for c in result["checks"]} if result else {}
                 for cid in kata.checks:
                     grade = gb.find_grade(f"{kata.slug}-{cid}", kata.module, assignment, student)
                     grade.auto_score = scores.get(cid, 0.0)
+                    grade.needs_manual_grade = grade.manual_score is not None   # as nbgrader's autograde
         gb.db.commit()
+    late = AssignLatePenalties(config=nbgrader_config(course))
+    for student, by_kata in results.items():
+        folder = course / "autograded" / student / assignment
+        for name, text in submitted[student].items():   # release_feedback reads them there
+            if text is not None:
+                rules.atomic_write(folder / name, text)
+        for kata in katas:
+            notebook = autograded_notebook(kata, sources.get((student, kata.slug)), by_kata.get(kata.slug),
+                                           run.rules.policy)
+            rules.atomic_write(folder / f"{kata.module}.ipynb", json.dumps(notebook, indent=1) + "\n")
+            resources = {"nbgrader": {"notebook": kata.module, "assignment": assignment, "student": student,
+                                      "db_url": db_url}}
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", module="nbgrader")
+                late.preprocess(nbformat.from_dict(notebook), resources)
     return results
