@@ -4,13 +4,16 @@ Gradescope's format (https://gradescope-autograders.readthedocs.io/en/latest/spe
 root holds ``setup.sh``, run once as root when Gradescope builds the grading image, and
 ``run_autograder``, run for every submission with the learner's files in
 ``/autograder/submission``; it must leave ``/autograder/results/results.json``. The whole zip is
-unpacked into ``/autograder/source``. Ours adds a wheel of this kit, built from the checkout at
-zip time so that the image grades with exactly the kit the instructor has, and ``config.json``
+unpacked into ``/autograder/source``. Ours adds a wheel of this kit, made at zip time (built from
+the checkout, or packed again from a normal install) so that the image grades with exactly the kit
+the instructor has, and ``config.json``
 (which katas, which torch). ``$KATA_AUTOGRADER_ROOT`` replaces ``/autograder`` in both scripts,
 so that a test runs them end to end on a temporary tree.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import shutil
@@ -145,12 +148,48 @@ def torch_version() -> str:
 
 
 def build_wheel(dest: Path) -> Path:
+    """A wheel of the kit as it runs here: built from its checkout (an editable install), else
+    packed again from the installed files (a normal install)."""
+    pyproject = ROOT / "pyproject.toml"
+    return _checkout_wheel(dest, pyproject) if pyproject.is_file() else _installed_wheel(dest)
+
+
+def _installed_wheel(dest: Path) -> Path:
+    """The wheel a normal install came from, packed again from its files as RECORD lists them
+    (compiled caches, the console script and pip's own notes left out; RECORD written anew). A
+    file changed since it was installed is refused: the image would grade with another kit."""
+    dist = metadata.distribution("attention-katas")
+    info = Path(dist._path).name   # NAME-VERSION.dist-info
+    pip_notes = {f"{info}/{name}" for name in ("INSTALLER", "REQUESTED", "direct_url.json", "RECORD")}
+    wheel_meta = dist.read_text("WHEEL") or ""
+    tag = next((line.split(": ", 1)[1].strip() for line in wheel_meta.splitlines() if line.startswith("Tag: ")),
+               "py3-none-any")
+    path = dest / f"{info.removesuffix('.dist-info')}-{tag}.whl"
+    record = []
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for file in sorted(dist.files or (), key=str):
+            name = file.as_posix()
+            if name.startswith("../") or "__pycache__" in file.parts or name in pip_notes:
+                continue
+            data = file.locate().read_bytes()
+            digest = _record_hash(data)
+            if file.hash is not None and f"{file.hash.mode}={file.hash.value}" != digest:
+                raise GradescopeError(f"{file.locate()} was changed since the kit was installed: install the kit "
+                                      "again (or from a checkout, `pip install -e .`) and build the zip then.")
+            zf.writestr(name, data)
+            record.append(f"{name},{digest},{len(data)}")
+        zf.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    return path
+
+
+def _record_hash(data: bytes) -> str:
+    """A file's hash as a wheel's RECORD writes it (PEP 376/427: sha256, urlsafe base64, unpadded)."""
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _checkout_wheel(dest: Path, pyproject: Path) -> Path:
     """A wheel of the kit's checkout at ROOT, built from a clean copy: setuptools' in-tree build/
     folder would leave files deleted since an earlier build inside the wheel."""
-    pyproject = ROOT / "pyproject.toml"
-    if not pyproject.is_file():
-        raise GradescopeError(f"{ROOT} is not the kit's source checkout (no pyproject.toml): "
-                              "run `kata gradescope` from an editable install (`pip install -e .`).")
     project = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     layout = project["tool"]["setuptools"]
     tops = {f"{m}.py" for m in layout.get("py-modules", [])} | {p.split(".")[0] for p in layout["packages"]}
