@@ -71,6 +71,7 @@ def test_bundle_readme_is_the_students(bundle):
     for slug in BUNDLED:
         assert f"| `{slug}` | {find(slug).title} | `{find(slug).learner_file}` |" in readme
     # The instructor's and the author's parts of the kit's README stay with the kit.
+    assert "`pip install\njupyterlab`" in readme and "`jupyter lab`" in readme   # for a course's notebooks
     for theirs in ("kata grade", "kata release", "Gradescope", "nbgrader", "reference"):
         assert theirs not in readme
 
@@ -153,3 +154,44 @@ def test_bundle_interviews_check_at_its_seed_and_plots(bundle, tmp_path):
     drawn = bundle_kata(bundle, tmp_path, "plot", "mha")
     assert drawn.returncode == 0, drawn.stderr
     assert (tmp_path / "mha-heatmaps.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_released_notebooks_test_cells_run_with_the_bundle_alone(bundle, tmp_path, monkeypatch):
+    """The students' install for an nbgrader course: the bundle and Jupyter. The notebook that
+    `nbgrader generate_assignment` releases runs in a kernel that sees the bundle, not the full
+    kit: its test cells grade the solution cell from the recorded values."""
+    import nbclient
+    import nbformat
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}   # nbgrader runs alembic
+    course = tmp_path / "course"
+    subprocess.run([str(KATA), "nbgrader", "init", str(course), "--assignment", "ps1", "--katas", "softmax"],
+                   check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", "ps1"], cwd=course, env=env, check=True,
+                   capture_output=True)
+    boot = (f"import sys; sys.path[:0] = [{str(bundle)!r}]; sys.path += {site.getsitepackages()!r}; "
+            "from ipykernel import kernelapp; kernelapp.launch_new_instance()")
+    spec = tmp_path / "jupyter" / "kernels" / "bundle"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({"argv": [sys.executable, "-I", "-S", "-c", boot, "-f",
+                                                           "{connection_file}"], "language": "python",
+                                                  "display_name": "the student bundle"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    released = nbformat.read(course / "release" / "ps1" / "softmax.ipynb", as_version=4)
+    outputs = {}
+    for name, code in (("reference", (ROOT / "reference" / "softmax.py").read_text()),
+                       ("overflow", "import numpy as np\n\ndef softmax(x, axis=-1):\n    e = np.exp(x)\n"
+                                    "    return e / e.sum(axis=axis, keepdims=True)\n")):
+        nb = nbformat.from_dict(json.loads(json.dumps(released)))
+        solution = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
+        solution.source = solution.source.split("\n")[0] + "\n" + code
+        nbclient.NotebookClient(nb, kernel_name="bundle", timeout=120, allow_errors=True,
+                                resources={"metadata": {"path": str(tmp_path)}}).execute()
+        tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+        outputs[name] = {c.metadata["nbgrader"]["grade_id"]: "".join(o.get("text", "") + o.get("evalue", "")
+                                                                      for o in c.outputs) for c in tests}
+    hidden = {f"softmax-{cid}" for cid in hidden_checks(find("softmax"))}   # released empty: nbgrader cleared them
+    assert set(outputs["reference"]) > hidden and all(not outputs["reference"][i] for i in hidden)
+    assert all("✓" in text for i, text in outputs["reference"].items() if i not in hidden), outputs["reference"]
+    stable = outputs["overflow"]["softmax-stable-for-large-logits"]
+    assert "softmax-overflow" in stable and "did not pass" in stable, stable

@@ -146,6 +146,12 @@ kata hint {first.slug:<21} # one hint at a time
 `kata check` grades the public checks against expected values recorded at seed {seed}, the only
 seed it takes here. The hidden checks are listed as skipped: they draw fresh inputs and run when
 your instructor grades. Hand in the files `kata start` made, under the same names.
+
+## Notebooks
+
+If your instructor hands out notebooks, install Jupyter beside the katas (`pip install
+jupyterlab`) and open them with `jupyter lab`: run a kata's solution cell, then its test cells,
+which grade it as `kata check` does.
 """
 
 
