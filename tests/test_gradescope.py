@@ -3,6 +3,7 @@ real (a virtual environment with torch and the kit's wheel, about 30 s, once per
 run_autograder on submissions as Gradescope would run it: as here, and in a container that refuses
 the namespaces bubblewrap makes, as Gradescope's does (tests/docker_seccomp.py), where learner
 code that reads the kit, writes the results or reaches the other pair earns nothing by it."""
+import csv
 import json
 import os
 import platform
@@ -416,3 +417,119 @@ raise RuntimeError("ATTACK " + json.dumps(tried))
     assert report["denied"]["kill"] == {"PermissionError": report["denied"]["kill"]["PermissionError"]}, report
     assert report["denied"]["kill"]["PermissionError"] >= 2, report   # the grader, its zygotes and workers
     assert causal_mask_score(results) == CAUSAL_MASK.max_score and results["score"] == CAUSAL_MASK.max_score
+
+
+# --- a class in every submission form, graded both ways --------------------------------------------
+
+OVERFLOW = ("import numpy as np\n\ndef softmax(x, axis=-1):\n"
+            "    e = np.exp(x)   # no max subtracted: overflows for large logits\n"
+            "    return e / e.sum(axis=axis, keepdims=True)\n")
+
+
+def handed_in_notebooks(tmp_path: Path, solutions: dict[str, str]) -> dict[str, str]:
+    """name -> the notebook `kata notebook softmax` writes, its solution cell (after the kata's
+    marker line) holding ``solutions[name]``, saved as Jupyter saves it (source as a list of lines)."""
+    from graders.practice.notebook import SOLUTION_TAG, marker
+
+    done = subprocess.run([str(KATA), "notebook", "softmax", "--workspace", str(tmp_path / "ws")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    written = json.loads((tmp_path / "ws" / "softmax.ipynb").read_text(encoding="utf-8"))
+    made = {}
+    for name, code in solutions.items():
+        nb = json.loads(json.dumps(written))
+        cell, = [c for c in nb["cells"] if SOLUTION_TAG in c["metadata"].get("tags", [])]
+        assert cell["source"].startswith(marker(KATAS[0]) + "\n")
+        cell["source"] = (marker(KATAS[0]) + "\n" + code).splitlines(keepends=True)
+        made[name] = json.dumps(nb, indent=1) + "\n"
+    return made
+
+
+def test_a_class_in_every_submission_form_gets_the_same_grades_from_kata_grade_and_gradescope(installed, tmp_path):
+    """Ten learners handing in every form the kit accepts (the expected name, a notebook,
+    a case variant, `-` for `_`, a browser's " (1)" copy, one folder down, two candidates for one
+    kata, nothing), right and buggy code; `kata grade` and the Gradescope autograder both give
+    each the total its checks add up to, and say which file they graded."""
+    softmax, mask = KATAS
+    ref_softmax, ref_mask = softmax.reference_path.read_text(), mask.reference_path.read_text()
+    # Query i sees keys 0..i (is_causal=True's alignment): wrong for every rectangular mask, whose
+    # shapes the checks fix, so the score does not depend on the inputs drawn.
+    top_left = ref_mask.replace("return ones.tril(n_keys - n_queries)", "return ones.tril()")
+    assert top_left != ref_mask
+    notebooks = handed_in_notebooks(tmp_path, {"softmax.ipynb": ref_softmax, "Softmax.ipynb": OVERFLOW})
+    # Per kata: full marks, the points a known bug loses, or nothing.
+    FULL_S, FULL_M = softmax.max_score, mask.max_score
+    OVERFLOW_S = FULL_S - softmax.checks["stable-for-large-logits"]                  # 10 - 2 = 8
+    TOP_LEFT_M = (FULL_M - mask.checks["rectangular-masks-bottom-right"]   # 12 - 2 - 1 = 9
+                  - mask.checks["causal-and-padding-combined"])
+    assert (FULL_S, FULL_M, OVERFLOW_S, TOP_LEFT_M) == (10, 12, 8, 9)
+    renamed = "No {} was submitted, so `{}`, the one file named like it, was graded."
+    both = ("`Softmax.py` and `hw3/softmax.py` could each be your softmax.py, so none was graded: submit one of "
+            "them, named softmax.py.")
+    CLASS = {   # learner: (files, softmax's score, causal-mask's score, what the feedback says)
+        "ada": ({"softmax.py": ref_softmax, "causal_mask.py": ref_mask}, FULL_S, FULL_M, []),
+        "ben": ({"softmax.ipynb": notebooks["softmax.ipynb"], "causal_mask.py": ref_mask}, FULL_S, FULL_M,
+                [renamed.format("softmax.py", "softmax.ipynb")]),
+        "cat": ({"Softmax.py": ref_softmax, "Causal_Mask.py": ref_mask}, FULL_S, FULL_M,
+                [renamed.format("softmax.py", "Softmax.py"), renamed.format("causal_mask.py", "Causal_Mask.py")]),
+        "dan": ({"Softmax.ipynb": notebooks["Softmax.ipynb"], "causal-mask.py": ref_mask}, OVERFLOW_S, FULL_M,
+                [renamed.format("softmax.py", "Softmax.ipynb"), renamed.format("causal_mask.py", "causal-mask.py")]),
+        "eli": ({"softmax (1).py": ref_softmax, "causal-mask (1).py": top_left}, FULL_S, TOP_LEFT_M,
+                [renamed.format("softmax.py", "softmax (1).py"),
+                 renamed.format("causal_mask.py", "causal-mask (1).py")]),
+        "fox": ({"hw3/softmax.py": ref_softmax, "hw3/causal_mask.py": ref_mask}, FULL_S, FULL_M,
+                [renamed.format("softmax.py", "hw3/softmax.py"),
+                 renamed.format("causal_mask.py", "hw3/causal_mask.py")]),
+        "gia": ({"Softmax.py": ref_softmax, "hw3/softmax.py": ref_softmax, "causal_mask.py": ref_mask}, 0, FULL_M,
+                [both]),
+        "hal": ({"softmax.py": ref_softmax}, FULL_S, 0, ["No causal_mask.py was submitted."]),
+        "ivy": ({"softmax.py": OVERFLOW, "causal_mask.py": top_left}, OVERFLOW_S, TOP_LEFT_M, []),
+        "jay": ({"notes.txt": "I ran out of time.\n"}, 0, 0,
+                ["No softmax.py was submitted.", "No causal_mask.py was submitted."]),
+    }
+    expected = {name: s + m for name, (_, s, m, _) in CLASS.items()}
+    assert expected == {"ada": 22, "ben": 22, "cat": 22, "dan": 20, "eli": 19, "fox": 22, "gia": 12, "hal": 10,
+                        "ivy": 17, "jay": 0}
+    forms = {form for files, *_ in CLASS.values() for form in files}
+    assert {"softmax.py", "causal_mask.py", "softmax.ipynb", "Softmax.py", "Softmax.ipynb", "causal-mask.py",
+            "softmax (1).py", "hw3/softmax.py"} <= forms
+
+    def said(results: dict) -> str:
+        return "\n".join([results.get("output", ""), *(t.get("output", "") for t in results.get("tests", []))])
+
+    def per_kata(results: dict) -> tuple[float, float]:
+        return tuple(sum(t["score"] for t in results["tests"] if t["name"].startswith(f"{k.slug}: ")) for k in KATAS)
+
+    # (1) `kata grade` on the whole class
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    for learner, (files, *_) in CLASS.items():
+        for name, text in files.items():
+            (subs / learner / name).parent.mkdir(parents=True, exist_ok=True)
+            (subs / learner / name).write_text(text, encoding="utf-8")
+    run = subprocess.run([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax,causal-mask"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    with open(out / "grades.csv", newline="") as f:
+        rows = {row["learner"]: row for row in csv.DictReader(f)}
+    assert {name: float(row["total"]) for name, row in rows.items()} == expected, run.stderr
+    assert {name: (float(row["softmax"]), float(row["causal-mask"])) for name, row in rows.items()} == \
+        {name: (s, m) for name, (_, s, m, _) in CLASS.items()}
+    for learner, (_, _, _, sentences) in CLASS.items():
+        feedback = (out / learner / "feedback.md").read_text(encoding="utf-8")
+        results = json.loads((out / learner / "results.json").read_text(encoding="utf-8"))
+        assert results["score"] == expected[learner], learner
+        for sentence in sentences:
+            assert sentence in said(results), (learner, sentence)
+            if "named like it" in sentence or "could each be" in sentence:
+                assert sentence in feedback, (learner, sentence)
+        if not any("named like it" in s for s in sentences):
+            assert "named like it" not in feedback, learner
+
+    # (2) the Gradescope autograder, one learner's submission at a time
+    for learner, (files, s, m, sentences) in CLASS.items():
+        results, stdout = autograde(installed, files)
+        assert results["score"] == expected[learner], (learner, said(results))
+        assert per_kata(results) == (s, m), learner
+        assert "Files submitted:\n" + "".join(f"./{name}\n" for name in sorted(files)) in stdout, (learner, stdout)
+        for sentence in sentences:
+            assert sentence in said(results), (learner, sentence)
