@@ -561,7 +561,8 @@ def plot(kata_name, kind, out, seed, device, max_t, workspace):
 
 @main.group("nbgrader")
 def nbgrader_():
-    """nbgrader courses generated from the katas, autograded by the kit (needs the nbgrader extra)."""
+    """nbgrader courses generated from the katas, autograded by the kit (needs the nbgrader extra: the
+    README's instructor install)."""
 
 
 @nbgrader_.command("init")
@@ -598,18 +599,21 @@ def nbgrader_init(course, assignment, kata_names):
 @_policy_options
 @_no_sandbox_option
 def nbgrader_autograde(course, assignment, kata_names, jobs, no_sandbox, **policy):
-    """Grade COURSE/submitted/<student>/ASSIGNMENT/*.ipynb with the kit; scores go to the gradebook.
+    """Grade COURSE/submitted/<student>/ASSIGNMENT/*.ipynb with the kit, in place of nbgrader autograde.
 
     The learners' solution cells are graded in the kit's sandbox (never in a kernel next to the
     test cells, where their code could patch the checks); each check's score becomes the auto
-    score of its test cell, so `nbgrader export` and the formgrader show it. The kit's records,
-    feedback.md and results.json per student are in COURSE/kata/ASSIGNMENT/.
+    score of its test cell, with the submission's time and late penalty as nbgrader computes them,
+    and COURSE/autograded/ gets the graded notebooks, so `nbgrader generate_feedback`, `export`
+    and the formgrader go on from there. The kit's records, feedback.md and results.json per
+    student are in COURSE/kata/ASSIGNMENT/.
     """
     from graders.classroom.course import autograde
 
     _full_kit("nbgrader autograde")
     if importlib.util.find_spec("nbgrader") is None:
-        raise EnvironmentProblem("nbgrader is not installed here: pip install 'attention-katas[nbgrader]'")
+        raise EnvironmentProblem("nbgrader is not installed here: in the kit's clone, pip install '.[nbgrader]' "
+                                 "(the README's instructor install).")
     source = course / "source" / assignment
     katas = [k for k in _kata_list(kata_names) if (source / f"{k.module}.ipynb").is_file()]
     if not katas:
@@ -623,7 +627,8 @@ def nbgrader_autograde(course, assignment, kata_names, jobs, no_sandbox, **polic
         total = sum(r["score"] for r in by_kata.values())
         most = sum(r["max_score"] for r in by_kata.values())
         click.echo(f"{student}: {total:g}/{most:g}")
-    click.echo(f"Scores written to {course / 'gradebook.db'}: `nbgrader export` in {course} exports them.")
+    click.echo(f"Scores written to {course / 'gradebook.db'} and graded notebooks to {course / 'autograded'}: "
+               f"`nbgrader generate_feedback {assignment}` and `nbgrader export` in {course} go on from here.")
 
 
 def _names(values: tuple[str, ...]) -> list[str]:
