@@ -264,3 +264,23 @@ def test_export_has_the_submission_times_and_nbgraders_late_penalty(round_trip):
     assert (float(alice["raw_score"]), float(alice["late_submission_penalty"]), float(alice["score"])) == (most, 0, most)
     assert float(bob["raw_score"]) > 0   # the overflowing softmax keeps most of its points ...
     assert float(bob["late_submission_penalty"]) == float(bob["raw_score"]) and float(bob["score"]) == 0   # ... but is late
+
+
+def test_a_manual_score_from_the_formgrader_survives_autograde_again(round_trip):
+    """nbgrader's own override: a grader's manual score stands, and the kit's next autograde sets
+    only the auto score beneath it (the cell then awaits review, as nbgrader's autograde marks it)."""
+    from nbgrader.api import Gradebook
+
+    grade_id = "softmax-stable-for-large-logits"   # failed by bob's overflowing softmax
+    with Gradebook(f"sqlite:///{round_trip / 'gradebook.db'}") as gb:
+        grade = gb.find_grade(grade_id, "softmax", "ps1", "bob")
+        assert grade.auto_score == 0
+        grade.manual_score = grade.max_score
+        gb.db.commit()
+    raw = float(exported(round_trip)["bob"]["raw_score"])
+    run(KATA, "nbgrader", "autograde", round_trip, "ps1", cwd=round_trip)
+    with Gradebook(f"sqlite:///{round_trip / 'gradebook.db'}") as gb:
+        grade = gb.find_grade(grade_id, "softmax", "ps1", "bob")
+        assert (grade.auto_score, grade.manual_score, grade.score) == (0, grade.max_score, grade.max_score)
+        assert grade.needs_manual_grade
+    assert float(exported(round_trip)["bob"]["raw_score"]) == raw
