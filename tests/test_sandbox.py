@@ -308,3 +308,16 @@ def test_value_mismatch_shows_the_same_row_of_got_and_expected():
         expect.array(got, expected, call="f(x)", rtol=1e-7, atol=1e-12)
     assert "row [1, 2, :] = [0. 0. 0. 5.]" in info.value.got
     assert "row [1, 2, :] = [0. 0. 0. 0.]" in info.value.expected
+
+
+def test_measure_sends_the_arguments_once_before_the_timed_requests(tmp_path):
+    """Sending a large input (and decoding it) costs more than many fast calls, and varies: the
+    timed requests must not carry it, or its jitter is what they measure. Every call sees the
+    very object the sandbox decoded once."""
+    import torch
+
+    source = "seen = []\ndef fast(x):\n    seen.append(id(x))\n    return x\ndef ids():\n    return sorted(set(seen))\n"
+    learner, sandbox = learner_for(tmp_path, source, framework="torch")
+    with sandbox:
+        learner.measure(learner.fast, torch.zeros(4 << 20), repeats=3)
+        assert len(learner.ids()) == 1

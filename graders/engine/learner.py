@@ -135,19 +135,19 @@ class Learner:
         ``learner.measure(model, x)``: {"seconds": per call, "peak_bytes": peak CUDA memory
         above the inputs (None on the CPU)}. Seconds come from this process's clock: a request
         with one warm-up call is subtracted from one with the warm-up and ``repeats`` calls, so
-        start-up and transport cancel out and the learner's code cannot fake its own timing."""
+        start-up and a request's own cost cancel out and the learner's code cannot fake its own
+        timing; the arguments are kept in the sandbox first, so neither timed request carries them."""
         target = _target(member)
         label = member._label
-        blobs = []
-        header = {"op": "measure", "target": list(target), "seed": self.seed,
-                  "args": [self._encode(a, blobs) for a in args],
-                  "kwargs": {k: self._encode(v, blobs) for k, v in kwargs.items()}}
         what = call_text(label, args, kwargs)
         self._load()   # start-up must not land in the first timing
+        # The arguments are sent once, before both timed requests: sending and decoding a large
+        # input can take longer than many fast calls, and its jitter would swamp their difference.
+        header = {"op": "measure", "target": list(target), "seed": self.seed, **self._kept(args, kwargs, what, label)}
         elapsed = []
         for n in (0, repeats):
             started = time.perf_counter()
-            result = self._request({**header, "repeats": n}, blobs, what, label)
+            result = self._request({**header, "repeats": n}, [], what, label)
             elapsed.append(time.perf_counter() - started)
         peak = result.get("peak_bytes") if isinstance(result, dict) else None
         return {"seconds": max(elapsed[1] - elapsed[0], 0.0) / repeats,
@@ -166,17 +166,8 @@ class Learner:
             return self.tensor_peak_bytes(member, *args, **kwargs)
         target = _target(member)
         what = call_text(member._label, args, kwargs)
-        blobs = []
-        header = {"op": "keep", "args": [self._encode(a, blobs) for a in args],
-                  "kwargs": {k: self._encode(v, blobs) for k, v in kwargs.items()}}
-        kept = self._request(header, blobs, what, member._label)
-        try:
-            kept_args, kept_kwargs = kept
-            header = {"op": "call", "target": list(target), "seed": self.seed, "discard": True,
-                      "args": [self._encode(a, []) for a in kept_args],
-                      "kwargs": {k: self._encode(v, []) for k, v in kept_kwargs.items()}}
-        except (TypeError, ValueError):   # the worker answered something else than handles
-            raise SandboxFailed("The sandbox sent a malformed value.", call=what) from None
+        header = {"op": "call", "target": list(target), "seed": self.seed, "discard": True,
+                  **self._kept(args, kwargs, what, member._label)}
         try:
             self._sandbox.reset_peak()
             before = self._sandbox.memory()["peak"]
@@ -187,6 +178,20 @@ class Learner:
             return max(0, self._sandbox.memory()["peak"] - before)
         except (OSError, KeyError):
             return None
+
+    def _kept(self, args, kwargs, what: str, label: str) -> dict:
+        """Send ``args`` and ``kwargs`` to be kept in the sandbox; the request fields that pass
+        them to a later call as handles, so that no later request carries or decodes them."""
+        blobs = []
+        header = {"op": "keep", "args": [self._encode(a, blobs) for a in args],
+                  "kwargs": {k: self._encode(v, blobs) for k, v in kwargs.items()}}
+        kept = self._request(header, blobs, what, label)
+        try:
+            kept_args, kept_kwargs = kept
+            return {"args": [self._encode(a, []) for a in kept_args],
+                    "kwargs": {k: self._encode(v, []) for k, v in kept_kwargs.items()}}
+        except (TypeError, ValueError, AttributeError):   # the worker answered something else than handles
+            raise SandboxFailed("The sandbox sent a malformed value.", call=what) from None
 
     def resident_bytes(self) -> int | None:
         """The worker's own resident memory now (its anonymous pages: no library's code, no file's
