@@ -24,6 +24,8 @@ from .sandbox import LoadError, SandboxError, describe_error
 
 PLAIN_TENSOR_TYPES = ("torch.Tensor", "torch.nn.parameter.Parameter")
 OUTPUT_SHOWN = 8192   # characters of a check's printed output kept in its report
+MEASURE_MIN_S = 0.05   # what the timed calls of learner.measure take at least, when they can
+MEASURE_GROWTH = 64   # the most it multiplies the calls asked for to get there
 
 
 class Foreign:
@@ -136,7 +138,8 @@ class Learner:
         above the inputs (None on the CPU)}. Seconds come from this process's clock: a request
         with one warm-up call is subtracted from one with the warm-up and ``repeats`` calls, so
         start-up and a request's own cost cancel out and the learner's code cannot fake its own
-        timing; the arguments are kept in the sandbox first, so neither timed request carries them."""
+        timing; the arguments are kept in the sandbox first, so no timed request carries them.
+        Calls so fast that ``repeats`` of them take under MEASURE_MIN_S are repeated more."""
         target = _target(member)
         label = member._label
         what = call_text(label, args, kwargs)
@@ -144,14 +147,23 @@ class Learner:
         # The arguments are sent once, before both timed requests: sending and decoding a large
         # input can take longer than many fast calls, and its jitter would swamp their difference.
         header = {"op": "measure", "target": list(target), "seed": self.seed, **self._kept(args, kwargs, what, label)}
-        elapsed = []
-        for n in (0, repeats):
+
+        def timed(n: int):
             started = time.perf_counter()
             result = self._request({**header, "repeats": n}, [], what, label)
-            elapsed.append(time.perf_counter() - started)
+            return time.perf_counter() - started, result
+
+        # A request's own cost varies by milliseconds: the least of three is its cost, and calls
+        # too fast to stand out of that are repeated more (up to MEASURE_GROWTH times more).
+        cost = min(timed(0)[0] for _ in range(3))
+        n = repeats
+        while True:
+            elapsed, result = timed(n)
+            if elapsed - cost >= MEASURE_MIN_S or n >= repeats * MEASURE_GROWTH:
+                break
+            n *= 4
         peak = result.get("peak_bytes") if isinstance(result, dict) else None
-        return {"seconds": max(elapsed[1] - elapsed[0], 0.0) / repeats,
-                "peak_bytes": peak if type(peak) is int else None}
+        return {"seconds": max(elapsed - cost, 0.0) / n, "peak_bytes": peak if type(peak) is int else None}
 
     def peak_bytes(self, member, *args, **kwargs) -> int | None:
         """Peak memory of one call ``member(*args, **kwargs)`` in the sandbox, in bytes above what
