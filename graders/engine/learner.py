@@ -153,14 +153,15 @@ class Learner:
             result = self._request({**header, "repeats": n}, [], what, label)
             return time.perf_counter() - started, result
 
-        # A request's own cost varies by milliseconds: the least of three is its cost, and calls
-        # too fast to stand out of that are repeated more (up to MEASURE_GROWTH times more).
-        cost = min(timed(0)[0] for _ in range(3))
+        # A request's own cost varies by milliseconds: calls too fast to stand out of it are
+        # repeated more (up to MEASURE_GROWTH times more), against the least cost seen.
+        cost = timed(0)[0]
         n = repeats
         while True:
             elapsed, result = timed(n)
             if elapsed - cost >= MEASURE_MIN_S or n >= repeats * MEASURE_GROWTH:
                 break
+            cost = min(cost, timed(0)[0])
             n *= 4
         peak = result.get("peak_bytes") if isinstance(result, dict) else None
         return {"seconds": max(elapsed - cost, 0.0) / n, "peak_bytes": peak if type(peak) is int else None}
