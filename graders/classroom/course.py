@@ -133,7 +133,8 @@ def _submission_file(folder: Path, name: str) -> str | None:
     """``name`` in a student's submitted folder, when it is a small regular file (never a link)."""
     path = folder / name
     try:
-        if not stat.S_ISREG(path.lstat().st_mode) or path.lstat().st_size > 1024:
+        found = path.lstat()
+        if not stat.S_ISREG(found.st_mode) or found.st_size > 1024:
             return None
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
@@ -144,8 +145,9 @@ def _timestamp(text: str | None):
     """A submission's time as nbgrader reads timestamp.txt; None where there is none to read."""
     from nbgrader.utils import parse_utc
 
+    text = (text or "").strip()
     try:
-        return parse_utc(text.strip()) if text and text.strip() else None
+        return parse_utc(text) if text else None
     except (ValueError, OverflowError):
         return None
 
