@@ -76,10 +76,10 @@ TRICKS = {
     "read-reference": Trick("same"),
     "copy-classmate": Trick("same"),
     "kill-parent": Trick("same"),   # its parent is out of sight: the kill reaches nothing
-    "daemon": Trick("same"),
+    "daemon": Trick("same-or-zero"),   # softmax.py forks at import: stopped; its mha.py as the control
     "find-anywhere": Trick("same"),
     "scratch-fill": Trick("same"),
-    "fork-hog": Trick("same-or-zero"),   # stopped by the memory cap, or the control's values
+    "fork-hog": Trick("zero"),   # every call forks: stopped, on every run
     # Containment's third round: around bubblewrap rather than through it.
     "keyring-thief": Trick("same"),      # a classmate's softmax left in a keyring: refused
     "namespace-escape": Trick("same"),   # a user namespace, root in it: refused

@@ -206,30 +206,25 @@ def test_a_loaded_machine_costs_no_points(tmp_path):
 
 def test_cpu_is_charged_from_the_start_of_each_request(tmp_path):
     # 0.6 s of CPU at import, then 0.3 s, 0.4 s and 0.3 s in calls: each request within its own
-    # limit. A child's time counts once: while it runs, and not again when its parent reaps it.
+    # limit. A thread's time counts once: while it runs, and not again once it has ended.
     # The process's name in /proc/<pid>/stat is the learner's to choose (PR_SET_NAME): read from
     # its first ")", the fields would shift and the CPU times be read from others.
-    source = ("import ctypes, os, time\nctypes.CDLL(None).prctl(15, b') R 0 0 0 0 0 0')\ndef burn(s):\n"
+    source = ("import ctypes, threading, time\nctypes.CDLL(None).prctl(15, b') R 0 0 0 0 0 0')\ndef burn(s):\n"
               "    started = time.process_time()\n    while time.process_time() - started < s:\n        pass\n"
-              "def in_children(s):\n    for _ in range(2):\n        if (pid := os.fork()) == 0:\n"
-              "            burn(s / 2)\n            os._exit(0)\n        os.waitpid(pid, 0)\nburn(0.6)\n")
+              "def in_threads(s):\n    for _ in range(2):\n        t = threading.Thread(target=burn, args=(s / 2,))\n"
+              "        t.start()\n        t.join()\nburn(0.6)\n")
     learner, sandbox = learner_for(tmp_path, source, timeout_s=0.5, import_timeout_s=1)
     with sandbox:
         assert learner.burn(0.3) is None
-        assert learner.in_children(0.4) is None
+        assert learner.in_threads(0.4) is None
         assert learner.burn(0.3) is None
 
 
 SPINNERS = {
     "a loop": "def spin():\n    while True:\n        pass\n",
-    "a child process": ("import os\ndef spin():\n    if os.fork() == 0:\n        while True:\n            pass\n"
-                        "    os.wait()\n"),
-    # Each child burns 20 ms and exits between two samples: the kernel adds its time to its
-    # parent's (cutime) when the parent waits for it. The same for threads and their process.
-    "children that exit": ("import os, time\ndef spin():\n    while True:\n        if (pid := os.fork()) == 0:\n"
-                           "            started = time.process_time()\n"
-                           "            while time.process_time() - started < 0.02:\n                pass\n"
-                           "            os._exit(0)\n        os.waitpid(pid, 0)\n"),
+    "a thread": ("import threading\ndef loop():\n    while True:\n        pass\n"
+                 "def spin():\n    t = threading.Thread(target=loop)\n    t.start()\n    t.join()\n"),
+    # Each thread burns 20 ms and ends between two samples: its time stays its process's.
     "threads that end": ("import threading, time\ndef burn():\n    started = time.thread_time()\n"
                          "    while time.thread_time() - started < 0.02:\n        pass\n"
                          "def spin():\n    while True:\n        t = threading.Thread(target=burn)\n"

@@ -519,7 +519,7 @@ class Sandbox:
         # a CUDA context may be created (untested with CUDA's host reservations). The RSS watch
         # in _wait caps memory either way.
         self.data_limit = data_limit
-        self.spawn = spawn   # False: the worker is killed if it starts a thread or a process (see seccomp.py)
+        self.spawn = spawn   # False: the worker is killed if it starts a thread, as for a process (see seccomp.py)
         self.proc = None
         self.loaded = None          # the load reply, once loaded
         self.load_error = None      # a LoadError, once loading failed: never retried
@@ -752,6 +752,10 @@ class Sandbox:
         if code is None:
             code = self._kill()
         if code == -signal.SIGSYS:   # the only system calls the filter kills for (see seccomp.py)
+            if self.spawn:
+                return SandboxError("crash", f"your code started a process during {what}, which the sandbox does not "
+                                    "allow (no kata needs one, and the memory and time of another process could "
+                                    "not be capped exactly), so the sandbox was stopped.")
             return SandboxError("crash", f"your code started a thread or a process during {what}, which a torch "
                                 "kata's sandbox does not allow (the graders see only the work of your own thread), "
                                 "so the sandbox was stopped.")

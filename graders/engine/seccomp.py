@@ -8,15 +8,21 @@ ptrace, bpf, perf_event_open and userfaultfd. clone3 fails with ENOSYS, as in Do
 that glibc falls back to clone, whose flags a filter can read. Beyond Docker's list, a worker may
 not hold memory where its cap cannot see it: memfd_create, SysV shared memory and sockets (whose
 buffers are kernel memory) are refused; a kata needs none of them, and the worker talks to the
-grader over pipes.
+grader over pipes. For the same reason a worker may not start a process: the memory and CPU
+time of its process tree are capped by looking at it every few milliseconds, so a child that
+fills its memory while its parent waits could be seen in one run and not in the next, and the
+same file would not always get the same grade. Threads share their process's data limit, which
+the kernel enforces on every allocation. A worker that starts a process (fork, vfork, or clone
+without CLONE_THREAD: posix_spawn and subprocess too) is killed (SIGSYS), and the grader says so.
 
 Two filters, because filters stack and each can only add refusals: ``zygote`` (bubblewrap's
 ``--seccomp``) leaves the zygote what it needs to make each worker's namespaces and mounts and to
 give it a session keyring of its own; ``worker`` (loaded by each worker before it runs learner
-code, see ``worker.load_seccomp``) refuses those too. A worker that may not ``spawn`` (a torch
-kata's, on the CPU) is also killed (SIGSYS) when it starts a thread or a process: the torch calls
-a structure check records are those of the learner's own thread, so work done in another would
-go unseen. No kata needs one, and torch's own thread pools stay unused with one thread.
+code, see ``worker.load_seccomp``) refuses those too, and kills a worker that starts a process. A
+worker that may not ``spawn`` (a torch kata's, on the CPU) is also killed when it starts a
+thread: the torch calls a structure check records are those of the learner's own thread, so work
+done in another would go unseen. No kata needs one, and torch's own thread pools stay unused with
+one thread.
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ DOCKER_REFUSED = (
 HIDDEN_MEMORY = ("memfd_create", "memfd_secret", "shmget", "socket", "socketpair")
 # What the zygote itself must still do for each worker: make its namespaces and mounts.
 WORKER_ONLY = ("unshare", "mount")
+CLONE_THREAD = 0x10000
 CLONE_NEW = {"CLONE_NEWNS": 0x20000, "CLONE_NEWCGROUP": 0x2000000, "CLONE_NEWUTS": 0x4000000,
              "CLONE_NEWIPC": 0x8000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
              "CLONE_NEWNET": 0x40000000}
@@ -63,9 +70,13 @@ def _build(worker: bool, spawn: bool = True) -> bytes:
     s = _seccomp()
     refuse = s.ERRNO(errno.EPERM)
     f = s.SyscallFilter(s.ALLOW)
-    if not spawn:
-        for name in ("clone", "fork", "vfork"):
+    if worker:
+        for name in ("fork", "vfork"):
             f.add_rule(s.KILL_PROCESS, name)
+        if spawn:   # threads only
+            f.add_rule(s.KILL_PROCESS, "clone", s.Arg(0, s.MASKED_EQ, CLONE_THREAD, 0))
+        else:
+            f.add_rule(s.KILL_PROCESS, "clone")
     for name in DOCKER_REFUSED + HIDDEN_MEMORY + (WORKER_ONLY if worker else ()):
         f.add_rule(refuse, name)
     f.add_rule(s.ERRNO(errno.ENOSYS), "clone3")
