@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,12 +22,13 @@ from graders.classroom import release, rules
 from graders.engine import manifest
 from graders.engine.bundle import NO_REFERENCE, bundle_info
 from graders.engine.manifest import Kata, ManifestError
-from graders.engine.report import bar, render
+from graders.engine.report import bar, render, replay
 from graders.engine.runner import DEVICES, RunnerError, grade, new_seed, resolve_device
+from graders.practice import hints
 from graders.practice.history import progress, suggestions
 from graders.practice.interview import Interview, render_scorecard
 from graders.practice.interview import plan as interview_plan
-from graders.practice.notebook import grade_notebook, notebook
+from graders.practice.notebook import grade_notebook, notebook, solution_source
 from graders.practice.workspace import Workspace
 
 
@@ -167,15 +169,17 @@ def list_(workspace):
     ws = _workspace(workspace)
     katas = _all_katas()
     width, title_width = max(len(k.slug) for k in katas), max(len(k.title) for k in katas)
+    # From the history, as `kata history` reads it: the last run's status and the best score.
+    found = progress(katas, ws.history.entries("check"))
     for kata in katas:
-        state = ws.kata_state(kata)
-        if state.get("passed"):
-            status, colour = "passed", "green"
-        elif "status" in state:
-            status, colour = state["status"], None
+        p = found[kata.slug]
+        if p.checks:
+            status, best = p.last_status, f"{p.best:g}/{p.best_max:g}"
+        elif p.not_started:
+            status, best = "not-started", ""
         else:
-            status, colour = ("started" if ws.file_for(kata).exists() else "-"), None
-        best = (f"{state['best_score']:g}/{kata.max_score:g}" if "best_score" in state else "")
+            status, best = ("started" if ws.file_for(kata).exists() else "-"), ""
+        colour = "green" if status == "passed" else None
         click.echo(f"{kata.order:>2}. {kata.slug:<{width}}  {kata.framework:<6}  {kata.title:<{title_width}} "
                    f"{click.style(f'{status:<11}', fg=colour)} {best}".rstrip())
 
@@ -237,7 +241,7 @@ def _grade_and_record(ws: Workspace, kata: Kata, path: Path, *, seed: int, devic
         raise EnvironmentProblem(str(exc)) from None
     except ValueError as exc:   # a notebook without a solution cell
         raise click.BadParameter(str(exc), param_hint="--file") from None
-    problem = ws.record_result(kata, result)
+    problem = ws.record_result(kata, result, scratch=not ws.owns(kata, path))
     if problem:
         click.secho(f"warning: {problem}", fg="yellow", err=True)
     return result
@@ -274,7 +278,8 @@ def check(kata_name, file, as_json, device, seed, workspace):
         if as_json:
             click.echo(json.dumps(result))
         else:
-            click.echo(render(result, kata))
+            own = path.resolve() == ws.file_for(kata).resolve()
+            click.echo(render(result, kata, replay_with=replay(kata, seed, None if own else path.resolve())))
             click.echo()
     if not as_json and len(results) > 1:
         passed = sum(r["status"] == "passed" for r in results)
@@ -293,8 +298,9 @@ def check(kata_name, file, as_json, device, seed, workspace):
 def watch(kata_name, poll, interval, seed, workspace):
     """Check KATA again each time you save it (every started kata if none is given).
 
-    It checks once, then again whenever a file's content changes, with one seed for the whole
-    session so that results compare across saves. Change events come from the file system; --poll
+    It checks KATA once, then again whenever its content changes; with no KATA, it checks each
+    started kata's file when that file changes. One seed serves the whole session, so that
+    results compare across saves. Change events come from the file system; --poll
     looks at the files every --interval seconds instead, and watch switches to polling by itself
     where events do not arrive (some network and container file systems). Ctrl-C stops.
     """
@@ -316,7 +322,9 @@ def watch(kata_name, poll, interval, seed, workspace):
     previous = signal.signal(signal.SIGINT, interrupt)
     try:
         with Watcher(katas, poll=poll, interval=interval, say=click.echo) as watcher:
-            for path in itertools.chain(katas, watcher.changes()):   # every file once, then each change
+            if not kata_name:   # the started katas: each is checked when it is saved, not all first
+                click.echo(f"Watching {names} (Ctrl-C to stop): each is checked when you save it.")
+            for path in itertools.chain(katas if kata_name else (), watcher.changes()):
                 click.secho(f"── {time.strftime('%H:%M:%S')} · {path.name} ".ljust(72, "─"), dim=True)
                 try:
                     result = _grade_and_record(ws, katas[path], path, seed=seed, device="auto")
@@ -336,18 +344,15 @@ def watch(kata_name, poll, interval, seed, workspace):
 @click.argument("kata_name", metavar="KATA")
 @workspace_option
 def hint(kata_name, workspace):
-    """Show KATA's next hint: one more each time you ask."""
+    """Show KATA's next hint, aimed at the first check your last `kata check` failed."""
     kata = _kata(kata_name)
     ws = _workspace(workspace)
-    taken = ws.take_hint(kata)
-    if taken is None:
-        click.echo(f"You have seen all {len(kata.hints)} hints of {kata.slug}. "
-                   f"After a pass, `kata solution {kata.slug}` shows the reference.")
+    choice, failed = ws.take_hint(kata)
+    if choice.index is None:
+        click.echo(f"{hints.none_left(kata, failed)} After a pass, `kata solution {kata.slug}` shows the reference.")
         return
-    number, text = taken
-    task = next(i for i, t in enumerate(kata.tasks, 1) if text in t.hints)
-    click.secho(f"Hint {number}/{len(kata.hints)} (task {task}: {kata.tasks[task - 1].title})", bold=True)
-    click.echo(text)
+    click.secho(hints.heading(kata, choice), bold=True)
+    click.echo(kata.hints[choice.index].text)
 
 
 @main.command()
@@ -451,13 +456,17 @@ def history(as_json, workspace):
             click.echo(f"  Trend over the last {min(len(scores), 10)}: "
                        + " -> ".join(f"{s:g}" for s in scores[-10:]))
     practised = [p for p in progress(_all_katas(), [e for e in entries if e.get("type") == "check"]).values()
-                 if p.checks]
+                 if p.checks or p.scratch]
     if practised:
         click.secho("Katas", bold=True)
     for p in practised:
+        scratch = f"  (and {p.scratch} run(s) of scratch files, not counted)" if p.scratch else ""
+        if not p.checks:
+            click.echo(f"  {p.kata.slug:<16}   0 check(s){scratch}")
+            continue
         due = f"review due {p.due.isoformat()}" if p.due else "not passed yet"
-        click.echo(f"  {p.kata.slug:<16} {p.checks:>3} check(s)  best {p.best:g}/{p.kata.max_score:g}  "
-                   f"last {p.last_time.strftime('%Y-%m-%d')} ({p.last_status})  {due}")
+        click.echo(f"  {p.kata.slug:<16} {p.checks:>3} check(s)  best {p.best:g}/{p.best_max:g}  "
+                   f"last {p.last_time.strftime('%Y-%m-%d')} ({p.last_status})  {due}{scratch}")
 
 
 @main.command("next")
@@ -509,8 +518,10 @@ def notebook_(kata_name, workspace):
               help="Where your tensors live; auto uses CUDA when present.")
 @click.option("--max-t", type=click.IntRange(min=128), default=2048, show_default=True,
               help="complexity: the longest sequence measured (T doubles from 64 up to it).")
+@click.option("--file", "file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Draw from this file instead of the workspace's (a notebook .ipynb: its solution cells).")
 @workspace_option
-def plot(kata_name, kind, out, seed, device, max_t, workspace):
+def plot(kata_name, kind, out, seed, device, max_t, file, workspace):
     """Draw, from your code, the picture that teaches KATA, as a PNG.
 
     scaling-variance (curves): score spread and softmax saturation against d_k, per scale.
@@ -540,23 +551,41 @@ def plot(kata_name, kind, out, seed, device, max_t, workspace):
     if (kata.slug, kind) not in plots.PLOTS:
         raise EnvironmentProblem(f"{kata.dir / 'kata.toml'} lists the plot {kind!r}, which this kit cannot draw.")
     ws = _workspace(workspace)
-    file = ws.file_for(kata)
-    if not file.exists():
-        raise click.UsageError(f"{file} does not exist. Run `kata start {kata.slug}` first.")
+    if file is None:
+        file = ws.file_for(kata)
+        if not file.exists():
+            raise click.UsageError(f"{file} does not exist. Run `kata start {kata.slug}` first.")
+    elif not file.is_file():
+        raise click.BadParameter(f"{file} does not exist.", param_hint="--file")
     out = out or ws.root / f"{kata.slug}-{kind}.png"
     if not out.parent.is_dir():
         raise click.BadParameter(f"the folder {out.parent} does not exist.", param_hint="--out")
     if plots.not_png(out):
         raise click.BadParameter(f"{out} exists and is not a PNG image: it is left alone.", param_hint="--out")
+    with tempfile.TemporaryDirectory(prefix="kata-plot-") as tmp:
+        if file.suffix == ".ipynb":   # its solution cells, as `kata check --file` grades them
+            try:
+                source = solution_source(file)
+            except ValueError as exc:   # not a notebook, or one without a solution cell
+                raise click.BadParameter(str(exc), param_hint="--file") from None
+            file = Path(tmp) / kata.learner_file
+            file.write_text(source, encoding="utf-8")
+        _draw(kata, kind, file, out, seed=seed, device=device, max_t=max_t)
+    click.echo(f"Wrote {out}")
+
+
+def _draw(kata: Kata, kind: str, file: Path, out: Path, **options):
+    """Compute ``kind`` from the code in ``file`` and write it to ``out``, errors said as the CLI says them."""
+    from graders.practice import plots
+
     try:
-        plots.save(plots.draw(plots.compute(kata, kind, file, seed=seed, device=device, max_t=max_t)), out)
+        plots.save(plots.draw(plots.compute(kata, kind, file, **options)), out)
     except plots.PlotFailed as exc:
         raise click.ClickException(str(exc)) from None
     except RunnerError as exc:
         raise EnvironmentProblem(str(exc)) from None
     except FileExistsError as exc:   # a file that appeared at --out while the plot was computed
         raise click.BadParameter(str(exc), param_hint="--out") from None
-    click.echo(f"Wrote {out}")
 
 
 @main.group("nbgrader")

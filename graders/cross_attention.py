@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 from graders.engine import expect
-from graders.engine.failures import CheckFailed, LearnerRaised
+from graders.engine.failures import CheckFailed, LearnerRaised, sentence
 from graders.engine.learner import describe_value
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_used, check_untampered
@@ -192,7 +192,7 @@ def pair_form(got, cfg, *, dtype, device, call, case):
             ("the weights", got[1], (B, H, Tq, Tk), "(B, n_heads, Tq, Tk): one row per query, one column per key")):
         expect.type_of(value, torch.Tensor, call=call, case=case, what=what)
         verb = "have" if what == "the weights" else "has"
-        expect.that(tuple(value.shape) == shape, f"{what[:1].upper() + what[1:]} {verb} the wrong shape.", call=call,
+        expect.that(tuple(value.shape) == shape, f"{sentence(what)} {verb} the wrong shape.", call=call,
                     case=case, got=f"shape {tuple(value.shape)}", expected=f"shape {shape} = {meaning}",
                     diagnose=lambda: shape_diagnosis(got, Tq, Tk))
         expect.form(value, torch.Tensor, shape, dtype=dtype, device=device, call=call, case=case, what=what)

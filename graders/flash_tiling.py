@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from graders.engine import expect
+from graders.engine.failures import sentence
 from graders.engine.learner import describe_value
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_used, check_untampered
@@ -111,7 +112,7 @@ def tensors(got, *, call, case, diagnose=None):
     """flash_attention returned a pair of tensors (out, lse): lse is not None, m or l in disguise."""
     pair(got, call=call, case=case, diagnose=diagnose)
     for what, value, shape in (("the output", got[0], "(B, H, Tq, head_dim)"), ("lse", got[1], "(B, H, Tq)")):
-        expect.that(type(value) is torch.Tensor, f"{what[:1].upper() + what[1:]} must be a tensor.", call=call,
+        expect.that(type(value) is torch.Tensor, f"{sentence(what)} must be a tensor.", call=call,
                     case=case, got=describe_value(value), expected=f"a torch.Tensor of shape {shape}",
                     diagnose=diagnose)
 
@@ -329,7 +330,7 @@ def test_huge_logits_stay_finite(learner, bugs, kata, rng, device):
         for what, value, shape in (("the output", got[0], (B, H, Tq, hd)), ("lse", got[1], (B, H, Tq))):
             expect.form(value, torch.Tensor, shape, dtype=dtype, device=device, call=call, case=case, what=what)
             bad = int((~torch.isfinite(value)).sum())
-            expect.that(not bad, f"{what[:1].upper() + what[1:]} holds inf or NaN: exp of a score near 1e4 overflows "
+            expect.that(not bad, f"{sentence(what)} holds inf or NaN: exp of a score near 1e4 overflows "
                         "(or underflows to 0 / 0). Subtract the running max before exp, and keep lse as m + log(l).",
                         call=call, case=case, got=f"{bad} non-finite values of {value.numel()}",
                         expected="finite values", diagnose=diagnose)

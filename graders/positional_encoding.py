@@ -3,6 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from graders.engine import expect
+from graders.engine.failures import sentence
 
 # (T, d): d/2 >= 3 pairs, so i/d against 2i/d, halves against pairs and sin against cos all show
 # from position 1 on; T != d, so a transposed table has the wrong shape. (1, 8) is position 0
@@ -58,7 +59,7 @@ def randn(rng, *shape):
 def table_form(got, shape, *, call, case=None, what="the table"):
     """A plain floating tensor of ``shape``: what a property of the learner's own answer needs."""
     expect.form(got, torch.Tensor, shape, call=call, case=case, what=what)
-    expect.that(got.is_floating_point(), f"{what[:1].upper() + what[1:]} must hold floating-point values.",
+    expect.that(got.is_floating_point(), f"{sentence(what)} must hold floating-point values.",
                 call=call, case=case, got=str(got.dtype), expected="torch.float32")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from graders.engine.manifest import find, katas
+from graders.engine.manifest import ROOT, find, katas
 
 from conftest import needs_bwrap
 
@@ -219,6 +219,20 @@ def test_the_class_files_cover_the_katas_given_and_later_runs_keep_them(tmp_path
     assert grade().returncode == 0   # no --katas: the class's, kept from the run before
     assert list(grades(out)["ada"])[1:3] == ["softmax", "mha"]
     assert not (out / "ada" / "feedback.md").read_text().count("## causal-mask")
+
+
+def test_checks_that_need_cuda_count_in_no_maximum_when_a_class_is_graded_on_a_cpu(tmp_path):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    (subs / "ada").mkdir(parents=True)
+    (subs / "ada" / "sdpa_swap.py").write_text((ROOT / "reference" / "sdpa_swap.py").read_text())
+    (subs / "bob").mkdir()   # nothing submitted
+    run = subprocess.run([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "sdpa-swap", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    rows = grades(out)
+    assert (rows["ada"]["sdpa-swap"], rows["ada"]["max"]) == ("10", "10")
+    assert (rows["bob"]["sdpa-swap"], rows["bob"]["max"]) == ("0", "10")
+    assert "| sdpa-swap | 1 | 50% | 5.00/10 |" in (out / "summary.md").read_text()
 
 
 def test_overrides_apply_after_grading_survive_regrades_and_are_marked(tmp_path):

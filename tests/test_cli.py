@@ -94,13 +94,41 @@ def test_usage_errors_exit_2(kata_cmd):
     assert run.returncode == 2 and "kata start softmax" in run.stderr
 
 
-def test_hints_are_progressive_and_recorded(kata_cmd):
-    kata = next(k for k in katas() if k.slug == "softmax")
-    shown = [kata_cmd("hint", "softmax").stdout for _ in kata.hints]
-    assert [h.splitlines()[1] for h in shown] == list(kata.hints)
-    assert "all" in kata_cmd("hint", "softmax").stdout
-    state = json.loads((kata_cmd.workspace / ".kata/state.json").read_text())
-    assert state["katas"]["softmax"]["hints_seen"] == len(kata.hints)
+def listed(kata_cmd, slug) -> tuple[str, str]:
+    """`kata list`'s status and best score of ``slug``; `kata history`'s, which must agree."""
+    line = next(line for line in kata_cmd("list").stdout.splitlines() if line.split()[1] == slug)
+    status, best = line.split()[-2:]
+    shown = next(line for line in kata_cmd("history").stdout.splitlines() if line.split()[:1] == [slug])
+    assert f"best {best}  " in shown and f"({status})" in shown, (line, shown)
+    return status, best
+
+
+def test_list_and_history_agree_and_a_scratch_run_counts_in_neither(kata_cmd, tmp_path):
+    ws = kata_cmd.workspace
+    overflow = (ROOT / "tests" / "zoo" / "softmax" / "d2l__softmax-overflow.py").read_text()
+    (ws / "softmax.py").write_text(overflow)
+    failed = json.loads(kata_cmd("check", "softmax", "--json").stdout)
+    assert listed(kata_cmd, "softmax") == ("failed", f"{failed['score']:g}/10")
+    scratch = tmp_path / "softmax.py"
+    scratch.write_text(SOFTMAX)
+    assert kata_cmd("check", "softmax", "--file", str(scratch)).returncode == 0
+    assert listed(kata_cmd, "softmax") == ("failed", f"{failed['score']:g}/10")   # not the kata's own file
+    assert "(and 1 run(s) of scratch files, not counted)" in kata_cmd("history").stdout
+    assert json.loads((ws / ".kata/history.jsonl").read_text().splitlines()[-1])["scratch"] == str(scratch)
+    (ws / "softmax.py").write_text(SOFTMAX)
+    kata_cmd("check", "softmax")
+    assert listed(kata_cmd, "softmax") == ("passed", "10/10")
+    (ws / "softmax.py").write_text(overflow)
+    kata_cmd("check", "softmax")
+    assert listed(kata_cmd, "softmax") == ("failed", "10/10")   # the last run's status, the best score
+
+
+def test_checks_that_need_cuda_count_nowhere_on_a_cpu(kata_cmd):
+    (kata_cmd.workspace / "sdpa_swap.py").write_text((ROOT / "reference" / "sdpa_swap.py").read_text())
+    run = kata_cmd("check", "sdpa-swap", "--device", "cpu")
+    assert run.returncode == 0 and "PASSED  10/10 points" in run.stdout
+    assert run.stdout.count("  not counted\n") == 3
+    assert listed(kata_cmd, "sdpa-swap") == ("passed", "10/10")
 
 
 def test_solution_only_after_a_pass(kata_cmd):

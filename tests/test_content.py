@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from conftest import SEEDS, uneven
-from graders.authoring.lint import check_api, check_citations
+from graders.authoring.lint import check_api, check_citations, check_hints
 from graders.engine.manifest import find, katas
 from graders.engine.oracles import Bugs, code_of
 from graders.engine.structure import TAMPERING, TAMPERING_PROBE
@@ -77,6 +77,21 @@ def test_diagnoses_documented_and_every_task_hinted(slug):
     assert set(kata.diagnoses) - {TAMPERING} == set(Bugs(kata).codes)
     assert all(task.hints for task in kata.tasks)
     assert all(d.explain and d.fix for d in kata.diagnoses.values())
+
+
+@pytest.mark.parametrize("slug", KATAS)
+def test_every_check_has_a_hint(slug):
+    ok, what = check_hints(find(slug))
+    assert ok, what
+
+
+def test_lint_refuses_a_check_no_hint_serves():
+    kata = find("softmax")
+    tasks = tuple(dataclasses.replace(task, hints=tuple(
+        dataclasses.replace(hint, serves=tuple(name for name in hint.serves if name != "banned-api") or ("sums-to-one",))
+        for hint in task.hints)) for task in kata.tasks)
+    ok, what = check_hints(dataclasses.replace(kata, tasks=tasks))
+    assert not ok and what == "checks no hint serves (name them in a hint's `for`): banned-api"
 
 
 @pytest.mark.parametrize("slug", KATAS)

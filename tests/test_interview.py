@@ -108,7 +108,7 @@ def test_a_scripted_interview_runs_to_the_scorecard_and_the_history(tmp_path):
     assert learner_file.read_text() == softmax.stub_path.read_text()
 
     session.send("hint")
-    session.expect(r"Hint 1/\d+ \(-5 points\)")
+    session.expect(rf"Hint 1/\d+ \(task 1: {re.escape(softmax.tasks[0].title)}\) \(-5 points\)")
     session.send("check")
     session.expect(r"NOT-STARTED")
     shutil.copyfile(REFERENCE / "softmax.py", learner_file)
@@ -151,6 +151,28 @@ def test_a_scripted_interview_runs_to_the_scorecard_and_the_history(tmp_path):
     shown = CliRunner().invoke(cli.main, ["history", "-w", str(tmp_path)])
     assert shown.exit_code == 0
     assert re.search(r"81\.7/100 .*softmax", shown.output) and "81.7 -> 40" in shown.output
+
+
+def test_an_interview_says_its_commands_and_aims_and_charges_a_hint(tmp_path):
+    softmax = manifest.find("softmax")
+    session = Session(tmp_path, "--katas", "softmax", "--seed", "3", "--minutes", "20")
+    learner_file = Path(session.expect(r"Your file: (\S+)").group(1))
+    session.expect(r"done   grade your file as it is now as your final answer, and go on to the next kata or the "
+                   r"follow-up questions")
+    shutil.copyfile(Path(__file__).parent / "zoo" / "softmax" / "d2l__softmax-overflow.py", learner_file)
+    session.send("check")
+    session.expect(r"FAILED")
+    session.expect(rf"Replay exactly this run: kata check softmax --file {re.escape(str(learner_file))} --seed 3")
+    session.send("hint")
+    aimed = next(h for h in softmax.hints if "softmax-overflow" in h.serves)
+    task = softmax.task_of(aimed)
+    session.expect(rf"Hint {softmax.hints.index(aimed) + 1}/{len(softmax.hints)} for the failed check `[a-z-]+`, "
+                   rf"diagnosed `softmax-overflow` \(task {task}: {re.escape(softmax.tasks[task - 1].title)}\) "
+                   rf"\(-5 points\)\n{re.escape(aimed.text)}")
+    session.send("quit")
+    code, output = session.finish()
+    assert code == 1, output
+    assert history(tmp_path)[-1]["coding"][0]["hints"] == 1
 
 
 def test_code_saved_after_the_time_is_up_does_not_count(tmp_path):

@@ -1,4 +1,5 @@
 """Manifests are parsed strictly, with errors that say how to fix them."""
+import re
 import shutil
 
 import pytest
@@ -29,9 +30,24 @@ def test_unknown_key_names_the_closest_known_one(tmp_path):
 
 
 def test_unknown_key_in_a_task(tmp_path):
-    path = manifest(tmp_path, GOOD.replace('hints = [\n    "Softmax of', 'hint = [\n    "Softmax of', 1))
+    path = manifest(tmp_path, GOOD.replace("hints = [", "hint = [", 1))
     with pytest.raises(ManifestError, match=r"unknown key 'hint' in \[\[tasks\]\] #1\. Did you mean 'hints'\?"):
         parse(path)
+
+
+def test_a_hint_names_the_checks_it_serves(tmp_path):
+    # `kata hint` gives the hint for the check that failed: a hint must say which checks it is for.
+    bare = re.sub(r'\{ for = \[[^\]]*\], text = ("(?:[^"\\]|\\.)*") \}', r"\1", GOOD, count=1)
+    with pytest.raises(ManifestError, match=r"tasks #1 hint #1 must be a table \{ for = \[check ids or diagnosis "
+                                            r"codes\], text = \"\.\.\.\" \}, not str"):
+        parse(manifest(tmp_path, bare))
+    unknown = GOOD.replace("{ for = [", '{ for = ["matches-referense", ', 1)
+    with pytest.raises(ManifestError, match=r"tasks #1 hint #1 needs .*; 'matches-referense' is neither a check nor a "
+                                            r"diagnosis of this kata\."):
+        parse(manifest(tmp_path, unknown))
+    empty = re.sub(r"\{ for = \[[^\]]*\]", "{ for = []", GOOD, count=1)
+    with pytest.raises(ManifestError, match=r"tasks #1 hint #1 needs a text and, in `for`, the checks"):
+        parse(manifest(tmp_path, empty))
 
 
 def test_future_format_is_refused(tmp_path):

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from graders.engine.manifest import find
+from graders.engine.manifest import ROOT, find
 from graders.practice.notebook import SOLUTION_TAG, solution_source
 
 
@@ -38,6 +38,19 @@ def test_the_check_cell_grades_what_the_kernel_ran(softmax_notebook):
     solution["source"] = solution["source"].split("\n")[0] + "\n" + find("softmax").reference_path.read_text()
     softmax_notebook.write_text(json.dumps(nb))
     assert "PASSED  10/10 points" in run_notebook(softmax_notebook)
+
+
+def test_the_check_cell_names_its_replay_and_records_its_run(softmax_notebook):
+    nb = json.loads(softmax_notebook.read_text())
+    solution = next(c for c in nb["cells"] if SOLUTION_TAG in c["metadata"].get("tags", []))
+    solution["source"] = solution["source"].split("\n")[0] + "\n" + \
+        (ROOT / "tests" / "zoo" / "softmax" / "d2l__softmax-overflow.py").read_text()
+    softmax_notebook.write_text(json.dumps(nb))
+    shown = run_notebook(softmax_notebook)
+    assert "FAILED" in shown and re.search(r"Replay exactly this run: check\('softmax', seed=\d+\) in this cell", shown)
+    # Recorded as `kata check` records a run, in the notebook's folder (the kernel's).
+    [entry] = [json.loads(line) for line in (softmax_notebook.parent / ".kata/history.jsonl").read_text().splitlines()]
+    assert (entry["type"], entry["kata"], entry["status"]) == ("check", "softmax", "failed") and "scratch" not in entry
 
 
 def test_kata_check_grades_a_saved_notebooks_solution_cells(softmax_notebook, kata_cmd):

@@ -13,7 +13,8 @@ def test_float32_inside_passes_with_a_note(grade_source, kata_cmd):
     assert all("to float32 rounding only (max abs error" in c["message"] for c in noted)
     shown = kata_cmd("check", "gqa", "--file", str(LLAMA), "--seed", "3")   # and as `kata check` shows it
     assert shown.returncode == 0, shown.stdout + shown.stderr
-    assert "note      The output agrees with" in shown.stdout and "which this check accepts" in shown.stdout
+    assert "note      Your code computes in float32 inside: the output and " in shown.stdout
+    assert " agree to float32 rounding only (" in shown.stdout and "which this check accepts" in shown.stdout
 
 
 def test_the_reference_passes_without_notes(grade_source):

@@ -1,6 +1,7 @@
 """`kata plot`: every declared plot drawn from the reference through the installed `kata`
 command, the data behind each figure checked against what the kata teaches, failures of the
 learner's code reported without a file, and a learner's file at --out never replaced."""
+import json
 import math
 import shutil
 
@@ -14,6 +15,7 @@ from graders.engine.learner import Learner
 from graders.engine.manifest import ROOT, find, katas
 from graders.engine.sandbox import Sandbox
 from graders.practice import plots
+from graders.practice.notebook import SOLUTION_TAG
 
 PLOTS = [(k.slug, kind) for k in katas() for kind in k.plots]
 SMALL_T = 256   # the complexity plot's largest T in these tests: seconds, not tens of seconds
@@ -210,6 +212,27 @@ def test_a_file_that_is_not_a_png_is_left_alone(tmp_path):
     assert result.exit_code == 2
     assert "is not a PNG image" in result.output
     assert notes.read_bytes() == b"my notes, not an image\n"
+
+
+def test_file_draws_from_a_scratch_file_or_a_notebooks_solution_cells(kata_cmd, tmp_path):
+    reference = (ROOT / "reference" / "scaling_variance.py").read_text()
+    scratch = tmp_path / "try 2.py"
+    scratch.write_text(reference)
+    run = kata_cmd("plot", "scaling-variance", "--file", str(scratch), "--out", str(tmp_path / "a.png"))
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "a.png").read_bytes().startswith(b"\x89PNG")
+    assert kata_cmd("notebook", "scaling-variance").returncode == 0
+    notebook = kata_cmd.workspace / "scaling_variance.ipynb"
+    nb = json.loads(notebook.read_text())
+    solution = next(c for c in nb["cells"] if SOLUTION_TAG in c["metadata"].get("tags", []))
+    solution["source"] = solution["source"].split("\n")[0] + "\n" + reference
+    notebook.write_text(json.dumps(nb))
+    run = kata_cmd("plot", "scaling-variance", "--file", str(notebook), "--out", str(tmp_path / "b.png"))
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "b.png").read_bytes().startswith(b"\x89PNG")
+    assert not (kata_cmd.workspace / "scaling_variance.py").exists()   # nothing written beside the notebook
+    run = kata_cmd("plot", "scaling-variance", "--file", str(scratch.with_name("none.py")))
+    assert run.returncode == 2 and "does not exist" in run.stderr
 
 
 def test_katas_and_kinds_without_a_plot_are_usage_errors(tmp_path):

@@ -99,6 +99,14 @@ def check_followups(kata: Kata) -> tuple[bool, str]:
                 f"{MIN_CHOICE} and {MIN_NUMERIC}")
 
 
+def check_hints(kata: Kata) -> tuple[bool, str]:
+    """`kata hint` gives the hint for the check that failed: every check needs one."""
+    served = {name for hint in kata.hints for name in hint.serves}
+    unserved = [check for check in kata.checks if check not in served]
+    return not unserved, (f"every check has a hint ({len(kata.hints)} hints)" if not unserved else
+                          f"checks no hint serves (name them in a hint's `for`): {', '.join(unserved)}")
+
+
 def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Finding]:
     findings: list[Finding] = []
 
@@ -117,6 +125,7 @@ def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Findin
         progress(finding)
     bare = [t.title for t in kata.tasks if not t.hints]
     add(not bare, "every task has a hint" if not bare else f"tasks without a hint: {', '.join(bare)}")
+    add(*check_hints(kata))
     ok, what = check_followups(kata)
     add(ok, what)
     add(*check_citations(kata))

@@ -27,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..engine.manifest import ROOT, Kata
-from ..engine.plugin import check_entry, check_names, grader_files
+from ..engine.plugin import check_entry, check_names, cuda_checks, grader_files, max_score_on
 from ..engine.untrusted import MAX_SUBMISSION_BYTES, TooLarge, read_capped, too_large
 from ..practice import plots
 from ..practice.notebook import MAX_NOTEBOOK_BYTES, grade_notebook, solution_source
@@ -265,14 +265,24 @@ def _graded(result: dict) -> dict:
             "checks": [{k: v for k, v in c.items() if k not in timing} for c in result["checks"]]}
 
 
-def unrun_result(kata: Kata, file: Path, status: str, message: str) -> dict:
-    """A complete result in which every check failed for one reason (no file, a kit failure)."""
+def graded_on(kata: Kata, device: str) -> str:
+    """The device a run of ``kata`` gets when asked for ``device``, told as the pool's zygotes
+    tell it (no `import torch` here)."""
+    return "cuda" if kata.framework != "numpy" and device != "cpu" and Path("/dev/nvidiactl").exists() else "cpu"
+
+
+def unrun_result(kata: Kata, file: Path, status: str, message: str, device: str = "cpu") -> dict:
+    """A complete result in which every check failed for one reason (no file, a kit failure).
+    A check that needs CUDA is skipped off ``device`` "cuda", as in a graded run: it counts in
+    neither the score nor the maximum."""
     names = {cid: name for path in grader_files(kata) for cid, name in check_names(path).items()}
-    checks = [check_entry(cid, names.get(cid) or cid, status="failed" if status == "missing" else "error",
-                          points=points, message=message)
+    cuda_only = cuda_checks(kata) if device != "cuda" else set()
+    checks = [check_entry(cid, names.get(cid) or cid, points=points,
+                          **({"status": "skipped", "message": "needs a CUDA device"} if cid in cuda_only else
+                             {"status": "failed" if status == "missing" else "error", "message": message}))
               for cid, points in kata.checks.items()]
     return {"kata": kata.slug, "file": str(file), "status": status, "score": 0.0,
-            "max_score": kata.max_score, "seed": None, "device": "cpu", "duration_s": 0.0,
+            "max_score": max_score_on(kata, device), "seed": None, "device": device, "duration_s": 0.0,
             "checks": checks, "diagnoses": []}
 
 
@@ -299,7 +309,7 @@ def _grade_in_process(slug: str, file: str, seeds: tuple[int, int], device: str,
 
     kata = manifest.find(slug)
     if kata.framework not in _zygotes:
-        cuda = kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
+        cuda = kata.framework == "torch" and graded_on(kata, device) == "cuda"
         _zygotes[kata.framework] = Zygote([kata.framework], isolated=sandbox == "bwrap",
                                           container=sandbox == "container", cuda=cuda, warm=True)
     grade_file = grade_notebook if file.endswith(".ipynb") else grade
@@ -307,9 +317,10 @@ def _grade_in_process(slug: str, file: str, seeds: tuple[int, int], device: str,
         return grade_file(kata, Path(file), seed=seeds[0], hidden_seed=seeds[1], device=device,
                           zygote=_zygotes[kata.framework])
     except ValueError as exc:   # a notebook that is not one, or has no solution cell
-        return unrun_result(kata, Path(file), "error", str(exc))
+        return unrun_result(kata, Path(file), "error", str(exc), graded_on(kata, device))
     except RunnerError as exc:
-        return unrun_result(kata, Path(file), "error", f"The kit could not grade this file: {exc}")
+        return unrun_result(kata, Path(file), "error", f"The kit could not grade this file: {exc}",
+                            graded_on(kata, device))
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -398,7 +409,8 @@ class Grading:
             if refused is None:
                 graded.append(pair)
                 continue
-            finished(pair, submission_fingerprint(pair.file), unrun_result(pair.kata, pair.file, *refused))
+            finished(pair, submission_fingerprint(pair.file),
+                     unrun_result(pair.kata, pair.file, *refused, graded_on(pair.kata, self.device)))
         attempts = Counter()   # by label: a Pair holds its Kata, which is not hashable
         while graded:
             broken = self._run_pool(graded, finished)
@@ -407,7 +419,8 @@ class Grading:
             for pair in broken:
                 if attempts[pair.label] >= 2:
                     result = unrun_result(pair.kata, pair.file, "error", "The kit could not grade this file: "
-                                          "its grading process died twice (see the instructor's log).")
+                                          "its grading process died twice (see the instructor's log).",
+                                          graded_on(pair.kata, self.device))
                     finished(pair, submission_fingerprint(pair.file), result)
 
     def replay(self) -> list[tuple[Pair, dict, bool | str]]:
@@ -552,8 +565,8 @@ def grades_csv(katas: list[Kata], results: dict) -> str:
     rows = [["learner", *(k.slug for k in katas), "total", "max", *(f"{k.slug} status" for k in katas)]]
     for name, by_kata in sorted(results.items()):
         scores = [by_kata[k.slug]["score"] if k.slug in by_kata else 0.0 for k in katas]
-        rows.append([name, *map(_num, scores), _num(round(sum(scores), 6)),
-                     _num(round(sum(k.max_score for k in katas), 6)),
+        most = [by_kata[k.slug]["max_score"] if k.slug in by_kata else k.max_score for k in katas]
+        rows.append([name, *map(_num, scores), _num(round(sum(scores), 6)), _num(round(sum(most), 6)),
                      *(_status_cell(by_kata[k.slug]) if k.slug in by_kata else "" for k in katas)])
     return _csv(rows)
 
@@ -690,8 +703,8 @@ def summary_figure(katas: list[Kata], results: dict):
     figure = Figure(figsize=(12, 5), layout="constrained")
     FigureCanvasAgg(figure)
     scores, common = figure.subplots(1, 2, width_ratios=(3, 2))
-    shares = [[by_kata[k.slug]["score"] / k.max_score for by_kata in results.values() if k.slug in by_kata]
-              for k in katas]
+    shares = [[by_kata[k.slug]["score"] / (by_kata[k.slug]["max_score"] or 1.0) for by_kata in results.values()
+               if k.slug in by_kata] for k in katas]
     columns = range(1, len(katas) + 1)
     scores.boxplot(shares, positions=list(columns), widths=0.6, showfliers=False)
     for column, share in zip(columns, shares):
@@ -796,8 +809,9 @@ def summary_md(katas: list[Kata], results: dict, refused: dict | None = None, wa
         got = [by_kata[kata.slug] for by_kata in results.values() if kata.slug in by_kata]
         status = Counter(r["status"] for r in got)
         mean = sum(r["score"] for r in got) / len(got) if got else 0.0
+        most = max((r["max_score"] for r in got), default=kata.max_score)   # the same for all: one device
         rate = f"{100 * status['passed'] / len(got):.0f}%" if got else "-"
-        lines.append(f"| {kata.slug} | {status['passed']} | {rate} | {mean:.2f}/{_num(kata.max_score)} | "
+        lines.append(f"| {kata.slug} | {status['passed']} | {rate} | {mean:.2f}/{_num(most)} | "
                      f"{status['failed']} | {status['not-started']} | {status['error']} | {status['missing']} |")
         for r in got:
             diagnoses.update((kata.slug, code) for code in r["diagnoses"])

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from .failures import CheckFailed, LearnerRaised
+from .failures import CheckFailed, LearnerRaised, sentence
 from .learner import Foreign, Remote, describe_value
 from .recording import NotRecorded
 
@@ -128,7 +128,7 @@ def type_of(got, expected_type: type, *, call: str, case: str | None = None, wha
     if type(got) is not expected_type:
         name = f"{expected_type.__module__}.{expected_type.__qualname__}".replace("builtins.", "")
         extra = " Return plain values: subclasses and wrapper objects are not accepted." if isinstance(got, Foreign) else ""
-        fail(f"{what[:1].upper() + what[1:]} has the wrong type.{extra}", call=call, case=case,
+        fail(f"{sentence(what)} has the wrong type.{extra}", call=call, case=case,
              got=describe_value(got), expected=name)
 
 
@@ -137,7 +137,7 @@ def form(got, expected_type: type, shape: tuple, *, call: str, case: str | None 
     """``got`` is a plain ``expected_type`` of ``shape`` (and ``dtype``, and on ``device``, where
     given): what a property check needs of an answer whose values other checks judge."""
     type_of(got, expected_type, call=call, case=case, what=what)
-    Name = what[:1].upper() + what[1:]
+    Name = sentence(what)
     that(tuple(got.shape) == tuple(shape), f"{Name} has the wrong shape.", call=call, case=case,
          got=f"shape {tuple(got.shape)}", expected=f"shape {tuple(shape)}")
     that(dtype is None or got.dtype == dtype, f"{Name} has the wrong dtype.", call=call, case=case,
@@ -151,7 +151,7 @@ def array(got, expected, *, call: str, case: str | None = None, rtol: float, ato
           against: str = "the reference", float32_inside: dict | None = None):
     """``got`` equals ``expected`` (a NumPy array or torch tensor) in type, shape, dtype, values."""
     type_of(got, type(expected), call=call, case=case, what=what)
-    Name = what[:1].upper() + what[1:]
+    Name = sentence(what)
     if tuple(got.shape) != tuple(expected.shape):
         fail(f"{Name} has the wrong shape.", call=call, case=case, diagnose=diagnose,
              got=f"shape {tuple(got.shape)}", expected=f"shape {tuple(expected.shape)}")
@@ -219,8 +219,8 @@ def values(got, expected, *, call: str, case: str | None = None, rtol: float, at
     problem = mismatch(got, expected, rtol=rtol, atol=atol)
     if problem is not None and float32_inside is not None and mismatch(got, expected, **float32_inside) is None:
         worst = problem.rsplit("; ", 1)[-1]   # "max abs error ... at ..., max rel error ..."
-        note(FLOAT32_INSIDE, f"{what[:1].upper() + what[1:]} agrees with {against} to float32 rounding only "
-                             f"({worst}): your code computes in float32 inside, which this check accepts.")
+        note(FLOAT32_INSIDE, f"Your code computes in float32 inside: {what} and {against} agree to float32 "
+                             f"rounding only ({worst}), which this check accepts.")
         return
     if problem is not None:
         g, e = as_float64(got), as_float64(expected)

@@ -2,6 +2,19 @@
 from __future__ import annotations
 
 
+SHORT_WORDS = {"a", "an", "the", "one", "two", "its", "all", "any"}   # prose; other short words are names
+
+
+def sentence(text: str) -> str:
+    """``text`` as the start of a sentence: its first word capitalised where it is a word ("the
+    output"), never where it is code: a call (``softmax(...)``), a name with ``_`` or ``.``, or a
+    short name such as ``dq`` or ``lse``, which a capital would turn into another one."""
+    first = text.split(" ", 1)[0]
+    if not (first.isalpha() and first.islower() and (len(first) > 3 or first in SHORT_WORDS)):
+        return text
+    return text[:1].upper() + text[1:]
+
+
 class CheckFailed(AssertionError):
     """The learner's code was judged wrong.
 

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from .failures import LearnerRaised, NotStarted, SandboxFailed
+from .failures import LearnerRaised, NotStarted, SandboxFailed, sentence
 from .sandbox import LoadError, SandboxError, describe_error
 
 PLAIN_TENSOR_TYPES = ("torch.Tensor", "torch.nn.parameter.Parameter")
@@ -271,7 +271,7 @@ class Learner:
         try:
             reply, reply_blobs = self._sandbox.request(header, blobs, what=what)
         except SandboxError as exc:
-            raise SandboxFailed(str(exc)[:1].upper() + str(exc)[1:], call=what) from None
+            raise SandboxFailed(sentence(str(exc)), call=what) from None
         output = _output(reply)
         self._printed.append(output)
         traced = self._trace is not None and header["op"] in ("call", "getattr")

@@ -18,7 +18,9 @@ Format 1, every key::
     [files]                         # optional: learner / stub / readme file names
     [tolerances.float32]            # optional: rtol and atol per dtype, and ulps: atol grows by
                                     # ulps * eps(dtype) * the input's magnitude (see tolerance)
-    [[tasks]]                       # title and hints (progressive, at least one each)
+    [[tasks]]                       # title and hints (kata lint wants one each), each hint a table
+                                    # { for = [check ids or diagnosis codes], text = "..." }:
+                                    # `kata hint` gives the hint for the check that failed
     [checks]                        # check id = points; ids are the grader's test names
     [diagnoses.<code>]              # explain and fix: what the learner reads
     [[followups]]                   # interview follow-ups (questions.py has the format)
@@ -46,9 +48,15 @@ class ManifestError(Exception):
 
 
 @dataclass(frozen=True)
+class Hint:
+    text: str
+    serves: tuple[str, ...]   # the check ids and diagnosis codes it helps with (its ``for``)
+
+
+@dataclass(frozen=True)
 class Task:
     title: str
-    hints: tuple[str, ...]
+    hints: tuple[Hint, ...]
 
 
 @dataclass(frozen=True)
@@ -102,8 +110,12 @@ class Kata:
         return ROOT / "reference" / f"{self.module}.py"
 
     @property
-    def hints(self) -> list[str]:
+    def hints(self) -> list[Hint]:
         return [hint for task in self.tasks for hint in task.hints]
+
+    def task_of(self, hint: Hint) -> int:
+        """The 1-based number of the task ``hint`` belongs to."""
+        return next(i for i, task in enumerate(self.tasks, 1) if hint in task.hints)
 
     @property
     def max_score(self) -> float:
@@ -183,13 +195,6 @@ def parse(path: Path) -> Kata:
         tolerances[dtype] = {k: _typed(path, f"tolerances.{dtype}.{k}", v, float, "a number")
                              for k, v in tol.items()}
 
-    tasks = []
-    if not isinstance(data["tasks"], list) or not data["tasks"]:
-        _fail(path, "[[tasks]] must list at least one task.")
-    for i, task in enumerate(data["tasks"], 1):
-        _keys(path, f"[[tasks]] #{i}", task, {"title", "hints"}, ("title", "hints"))
-        tasks.append(Task(_typed(path, f"tasks #{i} title", task["title"], str, "a string"),
-                          _strings(path, f"tasks #{i} hints", task["hints"])))
 
     checks = {}
     for check, points in data["checks"].items():
@@ -204,6 +209,30 @@ def parse(path: Path) -> Kata:
     for code, entry in data.get("diagnoses", {}).items():
         _keys(path, f"[diagnoses.{code}]", entry, {"explain", "fix"}, ("explain", "fix"))
         diagnoses[code] = Diagnosis(code, entry["explain"].strip(), entry["fix"].strip())
+
+    tasks = []
+    if not isinstance(data["tasks"], list) or not data["tasks"]:
+        _fail(path, "[[tasks]] must list at least one task.")
+    for i, task in enumerate(data["tasks"], 1):
+        _keys(path, f"[[tasks]] #{i}", task, {"title", "hints"}, ("title", "hints"))
+        if not isinstance(task["hints"], list):
+            _fail(path, f"tasks #{i} hints must be a list of hints.")
+        hints = []
+        for j, hint in enumerate(task["hints"], 1):
+            where = f"tasks #{i} hint #{j}"
+            if not isinstance(hint, dict):
+                _fail(path, f"{where} must be a table {{ for = [check ids or diagnosis codes], text = \"...\" }}, "
+                            f"not {type(hint).__name__}.")
+            _keys(path, where, hint, {"for", "text"}, ("for", "text"))
+            text = _typed(path, f"{where} text", hint["text"], str, "a string")
+            serves = _strings(path, f"{where} for", hint["for"])
+            unknown = [name for name in serves if name not in checks and name not in diagnoses]
+            if not text.strip() or not serves or unknown:
+                _fail(path, f"{where} needs a text and, in `for`, the checks or diagnosis codes it helps with"
+                            + (f"; {', '.join(map(repr, unknown))} is neither a check nor a diagnosis of this kata."
+                               if unknown else "."))
+            hints.append(Hint(text, serves))
+        tasks.append(Task(_typed(path, f"tasks #{i} title", task["title"], str, "a string"), tuple(hints)))
 
     followups = []
     for i, item in enumerate(data.get("followups", []), 1):

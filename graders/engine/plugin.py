@@ -56,6 +56,22 @@ def check_names(path: Path) -> dict[str, str]:
     return names
 
 
+def cuda_checks(kata: Kata) -> set[str]:
+    """The ids of the checks marked ``@pytest.mark.cuda``, read from the graders' source."""
+    found = set()
+    for path in grader_files(kata):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and any(
+                    ast.unparse(d) == "pytest.mark.cuda" for d in node.decorator_list):
+                found.add(_id(node.name))
+    return found
+
+
+def max_score_on(kata: Kata, device: str) -> float:
+    """The most a run on ``device`` can score: a check that needs CUDA counts only on CUDA."""
+    return kata.max_score - (0.0 if device == "cuda" else sum(kata.checks.get(c, 0.0) for c in cuda_checks(kata)))
+
+
 def check_id(item) -> str:
     return _id(item.originalname)
 

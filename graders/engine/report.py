@@ -2,12 +2,16 @@
 expected, the diagnosis and its fix; then a summary line and a progress bar."""
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import click
 
 from .manifest import Kata
 
 MARKS = {"passed": ("✓", "green"), "failed": ("✗", "red"), "error": ("!", "red"), "skipped": ("-", "yellow")}
 LABELS = ("call", "case", "got", "expected")
+HIDDEN = " [hidden]"
 BAR = 20
 
 
@@ -20,7 +24,15 @@ def bar(done: int, total: int, width: int = BAR) -> str:
     return "█" * filled + "░" * (width - filled)
 
 
-def render(result: dict, kata: Kata) -> str:
+def replay(kata: Kata, seed: int, file: Path | None = None) -> str:
+    """The command that grades again with the same inputs: the file named where it is not the
+    workspace's own (an interview's, a notebook, a scratch file)."""
+    named = f" --file {shlex.quote(str(file))}" if file is not None else ""
+    return f"kata check {kata.slug}{named} --seed {seed}"
+
+
+def render(result: dict, kata: Kata, *, replay_with: str | None = None) -> str:
+    """``replay_with``: what replays this run, where it is not `kata check KATA --seed N`."""
     lines = [click.style(f"{kata.slug} · {kata.title}", bold=True)
              + f"   seed {result['seed']} · {result['device']} · {result['duration_s']:.2f} s · {result['file']}"]
     status = result["status"]
@@ -33,8 +45,14 @@ def render(result: dict, kata: Kata) -> str:
     else:
         lines.append("")
         width = max(len(c["id"]) for c in result["checks"])
+        tagged = any(c.get("visibility") == "hidden" for c in result["checks"])
+        # A diagnosis several checks give is explained once, at the first, which names the others.
+        given: dict[str, list[str]] = {}
         for check in result["checks"]:
-            lines += check_lines(check, kata, width)
+            if check["status"] in ("failed", "error") and check.get("diagnosis"):
+                given.setdefault(check["diagnosis"], []).append(check["id"])
+        for check in result["checks"]:
+            lines += check_lines(check, kata, width, tagged=tagged, given=given)
     counted = [c for c in result["checks"] if c["status"] != "skipped"]
     passed = sum(c["status"] == "passed" for c in counted)
     colour = {"passed": "green", "failed": "red", "error": "red", "not-started": "yellow"}[status]
@@ -50,16 +68,21 @@ def render(result: dict, kata: Kata) -> str:
     if result["diagnoses"]:
         lines.append(f"  Diagnoses: {', '.join(result['diagnoses'])}")
     if status in ("failed", "error"):
-        lines.append(f"  Replay exactly this run: kata check {kata.slug} --seed {result['seed']}")
+        lines.append(f"  Replay exactly this run: {replay_with or replay(kata, result['seed'])}")
     return "\n".join(lines)
 
 
-def check_lines(check: dict, kata: Kata, width: int = 0) -> list[str]:
+def check_lines(check: dict, kata: Kata, width: int = 0, *, tagged: bool = False,
+                given: dict[str, list[str]] | None = None) -> list[str]:
+    """One check's lines. ``tagged``: some check of the run is hidden, so every name leaves room
+    for the tag. ``given``: the checks each diagnosis was given on, in order (see ``render``)."""
     mark, colour = MARKS[check["status"]]
-    points = f"{_points(check['score'])}/{_points(kata.checks.get(check['id'], check['max_score']))}"
+    points = ("not counted" if check["status"] == "skipped" else
+              f"{_points(check['score'])}/{_points(kata.checks.get(check['id'], check['max_score']))}")
     # Hidden checks draw fresh inputs at grading: the label says why a replay may differ there.
-    hidden = click.style(" [hidden]", fg="magenta") if check.get("visibility") == "hidden" else ""
-    lines = [f"  {click.style(mark, fg=colour)} {check['id']:<{width}}{hidden}  {check['name']}  "
+    hidden = check.get("visibility") == "hidden"
+    tag = click.style(HIDDEN, fg="magenta") if hidden else " " * len(HIDDEN) * tagged
+    lines = [f"  {click.style(mark, fg=colour)} {check['id']:<{width}}{tag}  {check['name']}  "
              f"{click.style(points, dim=True)}"]
     if check["status"] == "passed":
         return lines + [f"      {click.style('note', fg='cyan')}      {line}" for line in check["message"].splitlines()]
@@ -76,9 +99,15 @@ def check_lines(check: dict, kata: Kata, width: int = 0) -> list[str]:
     code = check.get("diagnosis")
     if code:
         diagnosis = kata.diagnoses.get(code)
-        lines.append(f"      {click.style('diagnosis', fg='yellow')} {click.style(code, fg='yellow', bold=True)}")
-        if diagnosis:
-            lines += _indent(diagnosis.explain, 16) + [f"      {'fix':<9} {diagnosis.fix}"]
+        on = (given or {}).get(code, [check["id"]])
+        first, others = on[0], [name for name in on if name != on[0]]
+        label = f"      {click.style('diagnosis', fg='yellow')} {click.style(code, fg='yellow', bold=True)}"
+        if check["id"] != first:
+            lines.append(f"{label}  (explained above, at {first})")
+        else:
+            lines.append(label + (f"  (also given on {', '.join(others)})" if others else ""))
+            if diagnosis:
+                lines += _indent(diagnosis.explain, 16) + [f"      {'fix':<9} {diagnosis.fix}"]
     if check.get("output"):
         lines.append(f"      {'printed':<9} (your code's output during this check)")
         lines += _indent(check["output"].rstrip()[:2000], 16)

@@ -68,8 +68,11 @@ class Progress:
     """One kata as the history sees it."""
     kata: Kata
     checks: int = 0
+    not_started: int = 0                     # runs of the untouched stub (not counted in checks)
+    scratch: int = 0                         # runs of scratch files (--file), counted nowhere else
     passed: bool = False
     best: float = 0.0
+    best_max: float = 0.0                    # the most the best run could score (its device's)
     last_status: str | None = None
     last_time: datetime | None = None       # last graded run (not-started runs excluded)
     last_pass: datetime | None = None
@@ -94,12 +97,19 @@ def progress(katas: tuple[Kata, ...], checks: list[dict]) -> dict[str, Progress]
     for entry in checks:
         p = found.get(entry.get("kata"))
         status = entry.get("status")
+        if p is not None and entry.get("scratch"):
+            p.scratch += 1
+            continue
+        if p is not None and status == "not-started":
+            p.not_started += 1
         if p is None or status not in ("passed", "failed", "error"):
             continue
         when = datetime.fromisoformat(entry["time"])
         p.checks += 1
         p.last_status, p.last_time = status, when
-        p.best = max(p.best, float(entry.get("score", 0.0)))
+        score, most = float(entry.get("score", 0.0)), float(entry.get("max_score") or p.kata.max_score)
+        if not p.best_max or score / most > p.best / p.best_max:
+            p.best, p.best_max = score, most
         if status != "passed":
             p.box = 0
             last_box_day.pop(p.kata.slug, None)
@@ -133,7 +143,7 @@ def suggestions(katas: tuple[Kata, ...], checks: list[dict], started: set[str],
     ranked = []
     for p in failed:
         ranked.append(Suggestion(p.kata, f"failed { _ago(p.last_time.date(), today)} "
-                                         f"(best {p.best:g}/{p.kata.max_score:g}): fix it while it is fresh",
+                                         f"(best {p.best:g}/{p.best_max:g}): fix it while it is fresh",
                                  f"kata check {p.kata.slug}"))
     for p in fresh:
         if p.kata.slug in started or p.checks:

@@ -25,13 +25,20 @@ import click
 from ..engine.bundle import bundle_info
 from ..engine.manifest import Kata
 from ..engine.questions import Asked, Question, letter
-from ..engine.report import render
+from ..engine.report import render, replay
 from ..engine.runner import RunnerError, grade
+from . import hints
 from .workspace import Workspace
 
 CODING_POINTS, FOLLOWUP_POINTS, HINT_COST = 60, 40, 5
 DEFAULT_MINUTES = 30
 COMMANDS = "check, hint, task, done, quit"
+COMMAND_HELP = ("  check  grade your file, as often as you like\n"
+                f"  hint   a hint for what your last check failed (-{HINT_COST} points each)\n"
+                "  task   show the task again\n"
+                "  done   grade your file as it is now as your final answer, and go on to the next kata "
+                "or the follow-up questions\n"
+                "  quit   abandon the interview (it is saved as abandoned)")
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,8 @@ class Interview:
         self.check_seed = bundle["seed"] if bundle else plan.seed
         self.folder = self._new_folder()
         self.limit_s = plan.minutes * 60
-        self.hints = {k.slug: 0 for k in plan.katas}
+        self.seen: dict[str, set[int]] = {k.slug: set() for k in plan.katas}   # the hints taken
+        self.failed: dict[str, list] = {k.slug: [] for k in plan.katas}       # by the last check
         self.coding: dict[str, dict] = {}
         self.answers: list[dict] = []
         self.time_up = threading.Event()
@@ -186,7 +194,8 @@ class Interview:
         click.echo()
         click.echo(kata.readme_path.read_text(encoding="utf-8"))
         click.secho(f"Your file: {target}", bold=True)
-        click.echo(f"Edit it in your editor. Type {COMMANDS} (first letters work).")
+        click.echo(f"Edit it in your editor. At the prompt, type (first letters work):\n"
+                   + COMMAND_HELP)
         while not self.time_up.is_set():
             command = self._prompt(f"[{_clock(self.left_s())} left, {kata.slug}]").strip().lower()
             if self.time_up.is_set():
@@ -195,7 +204,7 @@ class Interview:
                 continue
             if "check".startswith(command):
                 result = self._grade(kata, target)
-                click.echo(render(result, kata))
+                click.echo(render(result, kata, replay_with=replay(kata, self.check_seed, target)))
             elif "hint".startswith(command):
                 self._hint(kata)
             elif "task".startswith(command):
@@ -209,16 +218,17 @@ class Interview:
                 click.echo(f"Type {COMMANDS}.")
 
     def _hint(self, kata: Kata):
-        used = self.hints[kata.slug]
-        if used >= len(kata.hints):
-            click.echo(f"No more hints: you have seen all {len(kata.hints)}.")
+        choice = hints.choose(kata, self.seen[kata.slug], self.failed[kata.slug])
+        if choice.index is None:
+            click.echo(f"No more hints: {hints.none_left(kata, self.failed[kata.slug])}")
             return
-        self.hints[kata.slug] = used + 1
-        click.secho(f"Hint {used + 1}/{len(kata.hints)} (-{HINT_COST} points)", bold=True)
-        click.echo(kata.hints[used])
+        self.seen[kata.slug].add(choice.index)
+        click.secho(f"{hints.heading(kata, choice)} (-{HINT_COST} points)", bold=True)
+        click.echo(kata.hints[choice.index].text)
 
     def _grade(self, kata: Kata, path: Path) -> dict:
         result = grade(kata, path, seed=self.check_seed, device=self.device, hidden_seed=self.check_seed)
+        self.failed[kata.slug] = hints.failed_checks(result)
         problem = self.ws.record_result(kata, result)
         if problem:
             click.secho(f"warning: {problem}", fg="yellow", err=True)
@@ -228,7 +238,7 @@ class Interview:
         """Grade ``path`` as the kata's final code: the result its scorecard line comes from."""
         click.echo(f"Grading your final {path.name} ...")
         self.coding[kata.slug] = self._grade(kata, path)
-        click.echo(render(self.coding[kata.slug], kata))
+        click.echo(render(self.coding[kata.slug], kata, replay_with=replay(kata, self.check_seed, path)))
 
     def _final(self, kata: Kata):
         """A kata the clock stopped: grade the copy taken at the deadline (the file if the coding
@@ -267,18 +277,18 @@ class Interview:
             missing = "not-graded" if self.file(kata).exists() else "not-reached"
             result = self.coding.get(kata.slug, {"status": missing, "score": 0.0, "max_score": kata.max_score})
             coding.append({"kata": kata.slug, "status": result["status"], "score": result["score"],
-                           "max_score": result["max_score"], "hints": self.hints[kata.slug]})
+                           "max_score": result["max_score"], "hints": len(self.seen[kata.slug])})
         fraction = sum(c["score"] / c["max_score"] for c in coding) / len(coding)
-        hints = sum(self.hints.values())
+        taken = sum(map(len, self.seen.values()))
         coding_points = CODING_POINTS * fraction
-        penalty = min(HINT_COST * hints, coding_points)
+        penalty = min(HINT_COST * taken, coding_points)
         right = sum(a["right"] for a in self.answers)
         followup_points = FOLLOWUP_POINTS * right / len(self.plan.questions)
         ended = self.coding_ended or time.monotonic()
         return {
             "type": "interview", "status": status, "seed": self.plan.seed, "folder": str(self.folder),
             "minutes": self.plan.minutes, "time_used_s": round(min(ended - self.started, self.limit_s), 1),
-            "time_up": self.time_up.is_set(), "coding": coding, "hints": hints,
+            "time_up": self.time_up.is_set(), "coding": coding, "hints": taken,
             "coding_points": round(coding_points - penalty, 1), "followups": self.answers,
             "followups_asked": len(self.plan.questions), "followups_right": right,
             "followup_points": round(followup_points, 1),

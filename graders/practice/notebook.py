@@ -9,11 +9,13 @@ Grading is the kit's usual run: the learner's code goes to the sandbox, never in
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
 from ..engine.manifest import Kata
 from ..engine.untrusted import TooLarge, encodable, read_capped
+from .workspace import Workspace
 
 SOLUTION_TAG = "kata-solution"
 MAX_NOTEBOOK_BYTES = 32 << 20   # a notebook keeps its outputs (plots, as base64) beside the code
@@ -103,24 +105,30 @@ def grade_notebook(kata: Kata, path: Path, **options) -> dict:
 _graded = {}   # (slug, source) -> result: the test cells of one notebook share one grading
 
 
-def _grade_last_run(kata: Kata, seed: int | None) -> dict | None:
-    """Grade the code the kernel last ran in ``kata``'s solution cell (None: it never ran)."""
+def _last_source(kata: Kata) -> str | None:
+    """The code the kernel last ran in ``kata``'s solution cell, as a Python file (None: it never ran)."""
     from IPython import get_ipython
 
+    ran = [cell for cell in get_ipython().user_ns.get("In", []) if cell.lstrip().startswith(marker(kata))]
+    return _plain_python(ran[-1]) + "\n" if ran else None
+
+
+def _grade_last_run(kata: Kata, seed: int | None) -> dict | None:
+    """Grade the code the kernel last ran in ``kata``'s solution cell (None: it never ran)."""
     from ..engine.bundle import bundle_info
     from ..engine.runner import grade
 
-    ran = [cell for cell in get_ipython().user_ns.get("In", []) if cell.lstrip().startswith(marker(kata))]
-    if not ran:
+    source = _last_source(kata)
+    if source is None:
         print(f"Run the solution cell first (the one starting with `{marker(kata)}`), then this one.")
         return None
     bundle = bundle_info()
     seed = bundle["seed"] if seed is None and bundle else seed   # a student bundle checks at its seed
-    key = (kata.slug, ran[-1], seed)
+    key = (kata.slug, source, seed)
     if key not in _graded:
         with tempfile.TemporaryDirectory(prefix="kata-notebook-") as tmp:
             file = Path(tmp) / kata.learner_file
-            file.write_text(_plain_python(ran[-1]) + "\n", encoding="utf-8")
+            file.write_text(source, encoding="utf-8")
             _graded[key] = {**grade(kata, file, seed=seed, hidden_seed=seed, device="auto"), "file": "this notebook"}
     return _graded[key]
 
@@ -134,7 +142,12 @@ def check(slug: str, *, seed: int | None = None):
     kata = manifest.find(slug)
     result = _grade_last_run(kata, seed)
     if result is not None:
-        print(render(result, kata))
+        print(render(result, kata, replay_with=f"check({slug!r}, seed={result['seed']}) in this cell"))
+        # The kata's own run, as `kata check` records it: in the workspace the kernel runs in.
+        problem = Workspace(os.environ.get("KATA_WORKSPACE") or ".").record_result(
+            kata, result, source=_last_source(kata).encode("utf-8"))
+        if problem:
+            print(f"warning: {problem}")
 
 
 def check_cell(slug: str, check_id: str, *, seed: int | None = None):

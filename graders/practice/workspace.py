@@ -1,7 +1,7 @@
 """The learner's workspace: their kata files, and the kit's state under ``.kata/``.
 
-The state (``.kata/state.json``) records, per kata, the last status, best score, hints seen and
-whether it was ever passed. The history (``.kata/history.jsonl``, see history.py) keeps every
+The state (``.kata/state.json``) records, per kata, the last status and the checks it failed, the
+best score, the hints seen and whether it was ever passed. The history (``.kata/history.jsonl``, see history.py) keeps every
 graded run and mock interview. It is written atomically (a temporary file, then ``os.replace``). A
 corrupt state file is reported, kept aside as ``state.corrupt-<time>.json``, and replaced.
 Nothing in the workspace is overwritten without a backup under ``.kata/backups/``.
@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from ..engine.manifest import Kata
+from . import hints
 from .history import History
 
 STATE_FORMAT = 1
@@ -73,43 +74,60 @@ class Workspace:
             os.fsync(f.fileno())
         os.replace(tmp, self.state_path)
 
-    def record_result(self, kata: Kata, result: dict) -> str | None:
-        """Remember a graded run in the state and the history. Where ``.kata/`` cannot be written
-        (another user's, a read-only folder), the grade still stands: the sentence that says it
-        was not remembered is returned, for the caller to show."""
+    def owns(self, kata: Kata, path: Path) -> bool:
+        """Whether ``path`` is the kata's own file here: the workspace's file, or the notebook
+        `kata notebook` made beside it. Any other is a scratch file."""
+        own = self.file_for(kata)
+        return Path(path).resolve() in (own.resolve(), own.with_suffix(".ipynb").resolve())
+
+    def record_result(self, kata: Kata, result: dict, *, scratch: bool = False,
+                      source: bytes | None = None) -> str | None:
+        """Remember a graded run in the state and the history. A ``scratch`` run (of a file that
+        is not the kata's own, see ``owns``) is marked so in the history, where no status or score
+        counts it; only `kata hint` follows it, as it follows the last run. Where ``.kata/``
+        cannot be written (another user's, a read-only folder), the grade still stands: the
+        sentence that says it was not remembered is returned, for the caller to show. ``source``: the code graded,
+        where ``result["file"]`` does not hold it (a notebook's check cell)."""
         entry = self.kata_state(kata)
-        entry["status"] = result["status"]
-        entry["last_checked"] = _now()
-        entry["last_score"] = result["score"]
-        entry["max_score"] = result["max_score"]
-        entry["best_score"] = max(float(entry.get("best_score", 0.0)), float(result["score"]))
-        if result["status"] == "passed":
-            entry["passed"] = True
-            entry.setdefault("first_passed", _now())
+        entry["failed"] = hints.failed_checks(result)
+        if not scratch:
+            entry["status"] = result["status"]
+            entry["last_checked"] = _now()
+            entry["last_score"] = result["score"]
+            entry["max_score"] = result["max_score"]
+            entry["best_score"] = max(float(entry.get("best_score", 0.0)), float(result["score"]))
+            if result["status"] == "passed":
+                entry["passed"] = True
+                entry.setdefault("first_passed", _now())
         try:
-            digest = hashlib.sha256(Path(result["file"]).read_bytes()).hexdigest()
+            digest = hashlib.sha256(Path(result["file"]).read_bytes() if source is None else source).hexdigest()
         except OSError:
             digest = None
         try:
             self.save()
             self.history.append({"type": "check", "kata": kata.slug, "status": result["status"],
                                  "score": result["score"], "max_score": result["max_score"],
-                                 "seed": result.get("seed"), "sha256": digest})
+                                 "seed": result.get("seed"), "sha256": digest,
+                                 **({"scratch": str(result["file"])} if scratch else {})})
         except OSError as exc:
             return (f"this result was not recorded in {self.meta} ({exc.strerror or exc}"
                     f"{f': {exc.filename}' if exc.filename else ''}), so `kata list` and `kata history` will not show it.")
         return None
 
-    def take_hint(self, kata: Kata) -> tuple[int, str] | None:
-        """The next hint (1-based number, text), recorded as seen; None once all are seen."""
+    def take_hint(self, kata: Kata) -> tuple[hints.Choice, list]:
+        """The next hint for what the last recorded run failed (see hints.py), recorded as seen,
+        and the checks that run failed."""
         entry = self.kata_state(kata)
-        seen = int(entry.get("hints_seen", 0))
-        hints = kata.hints
-        if seen >= len(hints):
-            return None
-        entry["hints_seen"] = seen + 1
-        self.save()
-        return seen + 1, hints[seen]
+        taken = entry.get("hints_taken")
+        # A state from before hints were aimed: its first hints_seen hints, in task order, were seen.
+        seen = set(taken) if isinstance(taken, list) else set(range(int(entry.get("hints_seen", 0))))
+        failed = entry.get("failed", [])
+        choice = hints.choose(kata, seen, failed)
+        if choice.index is not None:
+            entry["hints_taken"] = sorted(seen | {choice.index})
+            entry["hints_seen"] = len(entry["hints_taken"])
+            self.save()
+        return choice, failed
 
     # --- files -------------------------------------------------------------------------------
 

@@ -1,0 +1,89 @@
+"""`kata hint` aims at the first check the last run failed (graders/practice/hints.py), through the
+installed command: per kata, a file whose only mistake is a late task's gets that task's hint first."""
+import json
+import re
+import shutil
+
+import pytest
+
+from graders.engine.manifest import ROOT, find
+
+ZOO = ROOT / "tests" / "zoo"
+
+# Per kata: a file whose only mistake belongs to a late task, and that task's number. The file is
+# from the style zoo, or the reference with one late line changed (old, new).
+LATE = {
+    "softmax": ("d2l__softmax-overflow", 2),
+    "split-heads": ("nanogpt__merge-needs-contiguous", 3),
+    "causal-mask": ("llama_float32_softmax__nan-on-fully-masked-row", 6),
+    "mha": ("d2l__weights-before-dropout", 4),
+    "gqa": ("nanogpt__no-causal-mask", 4),
+    "sdpa-swap": ("nanogpt__manual-path-no-dropout", 2),
+    "flops-memory": ("loop_heavy__max-seq-len-off-by-one", 5),
+    "scaling-variance": (("rng = np.random.default_rng(seed)", "rng = np.random.default_rng()"), 2),
+    "mha-by-loop": ("function_only__no-causal-mask", 3),
+    "cross-attention": ("annotated_transformer__padding-on-queries", 3),
+    "positional-encoding": ("bloom_hf__alibi-sign", 4),
+    "kv-cache": ("nanogpt_tuple__cache-top-left-causal", 4),
+    "flash-tiling": ("triton_tutorial__causal-block-skip-off-by-one", 4),
+    "rope": ("lucidrains__rope-on-values", 3),
+    "attention-backward": ("einsum__mask-top-left-aligned", 4),
+    "sliding-window": ("deque__rolling-buffer-grows", 3),
+}
+
+
+@pytest.mark.parametrize("slug", LATE)
+def test_the_first_hint_is_for_the_failed_check(kata_cmd, slug):
+    kata = find(slug)
+    mistake, task = LATE[slug]
+    if isinstance(mistake, str):
+        source = (ZOO / slug / f"{mistake}.py").read_text()
+    else:
+        source = kata.reference_path.read_text().replace(*mistake, 1)
+    (kata_cmd.workspace / kata.learner_file).write_text(source)
+    run = kata_cmd("check", slug, "--seed", "1", "--json")
+    failed = {c["id"]: c["diagnosis"] for c in json.loads(run.stdout)["checks"] if c["status"] in ("failed", "error")}
+    assert failed, run.stdout
+    heading, text = kata_cmd("hint", slug).stdout.splitlines()[:2]
+    assert heading.endswith(f" (task {task}: {kata.tasks[task - 1].title})"), heading
+    check = re.search(r"for the failed check `([a-z0-9-]+)`", heading).group(1)
+    code = re.search(r", diagnosed `([a-z0-9-]+)`", heading)
+    hint = next(h for h in kata.hints if h.text == text)
+    assert kata.task_of(hint) == task > 1
+    if code:
+        assert failed[check] == code.group(1) and code.group(1) in hint.serves
+    else:
+        assert check == next(iter(failed)) and check in hint.serves
+
+
+def test_hints_follow_the_failed_checks_then_say_they_are_seen(kata_cmd):
+    kata = find("softmax")
+    # Nothing checked yet: task order.
+    heading, text = kata_cmd("hint", "softmax").stdout.splitlines()[:2]
+    assert heading == f"Hint 1/{len(kata.hints)} (task 1: {kata.tasks[0].title})" and text == kata.hints[0].text
+    shutil.copyfile(ZOO / "softmax" / "d2l__softmax-overflow.py", kata_cmd.workspace / "softmax.py")
+    kata_cmd("check", "softmax", "--seed", "1")
+    state = json.loads((kata_cmd.workspace / ".kata/state.json").read_text())["katas"]["softmax"]
+    failed = [check for check, _ in state["failed"]]
+    # The hints for its diagnoses first, then for the checks that gave them, then for the others.
+    codes = [code for _, code in state["failed"] if code]
+    diagnosed = [check for check, code in state["failed"] if code]
+    aimed = []
+    for names in (codes, diagnosed, failed):
+        aimed += [i for i, h in enumerate(kata.hints) if i and i not in aimed and set(h.serves) & set(names)]
+    shown = [kata_cmd("hint", "softmax").stdout.splitlines() for _ in aimed]
+    assert [lines[1] for lines in shown] == [kata.hints[i].text for i in aimed]
+    assert all("for the failed check" in lines[0] for lines in shown)
+    done = kata_cmd("hint", "softmax").stdout
+    assert done.startswith("You have seen every hint of softmax for the checks your last run failed "
+                           f"({', '.join(f'`{check}`' for check in failed)})")
+    state = json.loads((kata_cmd.workspace / ".kata/state.json").read_text())["katas"]["softmax"]
+    assert state["hints_taken"] == sorted([0, *aimed]) and state["hints_seen"] == 1 + len(aimed)
+
+
+def test_a_state_from_before_aimed_hints_keeps_the_hints_it_saw(kata_cmd):
+    (kata_cmd.workspace / ".kata").mkdir()
+    (kata_cmd.workspace / ".kata/state.json").write_text(json.dumps(
+        {"format": 1, "katas": {"softmax": {"hints_seen": 2, "status": "failed"}}}))
+    heading = kata_cmd("hint", "softmax").stdout.splitlines()[0]
+    assert heading.startswith(f"Hint 3/{len(find('softmax').hints)} (task ")

@@ -1,0 +1,57 @@
+"""How a result reads (graders/engine/report.py): one explanation per diagnosis, the [hidden] tag
+in its own column, code never capitalised, and a replay line that names the file it graded."""
+import re
+
+from graders.engine.failures import sentence
+from graders.engine.manifest import ROOT, find
+from graders.engine.report import render
+
+ZOO = ROOT / "tests" / "zoo"
+
+
+def plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def test_a_diagnosis_given_on_several_checks_is_explained_once(grade_source):
+    kata = find("cross-attention")
+    result = grade_source("cross-attention", (ZOO / "cross-attention" / "annotated_transformer__padding-on-queries.py")
+                          .read_text(), seed=1)
+    on = [c["id"] for c in result["checks"] if c["diagnosis"] == "padding-on-queries"]
+    assert len(on) >= 2
+    shown = plain(render(result, kata))
+    assert shown.count(kata.diagnoses["padding-on-queries"].explain.splitlines()[0]) == 1
+    assert shown.count(kata.diagnoses["padding-on-queries"].fix) == 1
+    assert f"diagnosis padding-on-queries  (also given on {', '.join(on[1:])})" in shown
+    assert all(f"diagnosis padding-on-queries  (explained above, at {on[0]})" in shown for _ in on[1:])
+
+
+def test_the_hidden_tag_keeps_the_names_in_one_column(grade_source):
+    kata = find("softmax")
+    result = grade_source("softmax", (ZOO / "softmax" / "d2l__softmax-overflow.py").read_text(), seed=1)
+    assert {c["visibility"] for c in result["checks"]} == {"visible", "hidden"}
+    lines = plain(render(result, kata)).splitlines()
+    starts = {line.index(c["name"], 4 + len(c["id"])) for c in result["checks"]
+              for line in lines if line[4:].startswith(c["id"] + " ")}
+    assert len(starts) == 1, "\n".join(lines)
+
+
+def test_code_at_the_start_of_a_message_keeps_its_case(grade_source):
+    assert [sentence(t) for t in ("the output", "each row sum", "dq", "lse of block 2", "K_win", "dk summed over keys",
+                                  "softmax(float64[9], axis=-1) used more", "split_heads(x, H)[b, h, t]")] == \
+        ["The output", "Each row sum", "dq", "lse of block 2", "K_win", "dk summed over keys",
+         "softmax(float64[9], axis=-1) used more", "split_heads(x, H)[b, h, t]"]
+    result = grade_source("softmax", "def softmax(x, axis=-1):\n    while True:\n        pass\n", timeout_s=0.3)
+    messages = [c["message"] for c in result["checks"] if c["status"] == "error"]
+    assert messages and all(m.startswith("softmax(") for m in messages), messages
+    assert "did not finish within 0.3 s of CPU time" in messages[0]
+
+
+def test_the_replay_line_names_a_file_that_is_not_the_workspaces(kata_cmd, tmp_path):
+    scratch = tmp_path / "attempt 2.py"
+    scratch.write_text((ZOO / "softmax" / "d2l__softmax-overflow.py").read_text())
+    run = kata_cmd("check", "softmax", "--file", str(scratch), "--seed", "5")
+    assert f"Replay exactly this run: kata check softmax --file '{scratch}' --seed 5" in run.stdout
+    (kata_cmd.workspace / "softmax.py").write_text(scratch.read_text())
+    run = kata_cmd("check", "softmax", "--seed", "5")
+    assert "Replay exactly this run: kata check softmax --seed 5" in run.stdout
