@@ -161,9 +161,9 @@ def test_summary_png_pictures_the_scores_of_each_kata_and_the_diagnoses(graded):
 
     _, out, _ = graded
     assert imread(out / "summary.png").shape[2] in (3, 4)   # a PNG matplotlib reads back
-    results = {"ann": {"softmax": {"score": 10.0, "diagnoses": []}},
-               "ben": {"softmax": {"score": 4.0, "diagnoses": ["softmax-overflow"]},
-                       "causal-mask": {"score": 0.0, "diagnoses": []}}}
+    results = {"ann": {"softmax": {"score": 10.0, "max_score": 10.0, "diagnoses": []}},
+               "ben": {"softmax": {"score": 4.0, "max_score": 10.0, "diagnoses": ["softmax-overflow"]},
+                       "causal-mask": {"score": 0.0, "max_score": 12.0, "diagnoses": []}}}
     scores, common = summary_figure([find("softmax"), find("causal-mask")], results).axes
     assert [t.get_text() for t in scores.get_xticklabels()] == ["softmax", "causal-mask"]
     dots = {tuple(line.get_ydata()) for line in scores.get_lines() if line.get_marker() == "o"}

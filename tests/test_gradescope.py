@@ -332,49 +332,30 @@ raise RuntimeError("ATTACK " + json.dumps(tried))
 
 @in_a_container
 def test_in_a_container_learner_code_cannot_write_the_results(installed):
-    """At once, and from a daemon meant to forge results.json once grading is over."""
-    heartbeat = Path(tempfile.mkdtemp(prefix="kata-attack-"))   # where the daemon says what it tried
-    heartbeat.chmod(0o777)
-    token = heartbeat.name
+    """At once; nor later, from a daemon meant to forge results.json once grading is over: a pair
+    that starts a process is stopped."""
     results_json = installed / "results" / "results.json"
-    daemon = ATTEMPT + f'''
-forged = json.dumps({{"score": 1000, "output": "forged"}})
-def replace():
-    with open({str(heartbeat)!r} + "/forged.json", "w") as f:
-        f.write(forged)
-    os.replace({str(heartbeat)!r} + "/forged.json", {str(results_json)!r})
-for round in range(600):   # a minute, unless it is stopped
-    attempt("write", lambda: open({str(results_json)!r}, "w").write(forged))
-    attempt("replace", replace)
-    attempt("list", lambda: os.listdir({str(results_json.parent)!r}))
-    with open({str(heartbeat)!r} + "/next", "w") as f:
-        json.dump({{"round": round, **tried}}, f)
-    os.replace({str(heartbeat)!r} + "/next", {str(heartbeat)!r} + "/report")
-    tried = {{"ok": [], "denied": {{}}}}
-    time.sleep(0.1)
-'''
-    try:
-        results, report, _ = attack(installed, f'''
-import subprocess
+    results, report, _ = attack(installed, f'''
 attempt("write at once", lambda: open({str(results_json)!r}, "w").write("{{}}"))
-subprocess.Popen([sys.executable, "-c", {daemon!r}, {token!r}], start_new_session=True,
-                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-for _ in range(100):   # graded on only once the daemon has tried
-    if os.path.exists({str(heartbeat)!r} + "/report"):
-        break
-    time.sleep(0.1)
+attempt("list", lambda: os.listdir({str(results_json.parent)!r}))
 raise RuntimeError("ATTACK " + json.dumps(tried))
 ''')
-        time.sleep(1.0)   # a daemon that outlived grading would write now
-        said = json.loads((heartbeat / "report").read_text())
-        left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline_has(pid, token)]
-    finally:
-        shutil.rmtree(heartbeat)
-    assert report["ok"] == [] and report["denied"], report
-    assert said["ok"] == [] and len(said["denied"]) == 3, said
-    assert left == [], "the daemon outlived its sandbox"
+    assert report["ok"] == [] and set(report["denied"]) == {"write at once", "list"}, report
     assert json.loads(results_json.read_text()) == results
-    assert results["score"] == CAUSAL_MASK.max_score
+    assert causal_mask_score(results) == CAUSAL_MASK.max_score
+
+    token = f"kata-attack-{os.getpid()}"
+    daemon = f"import json, time\nfor _ in range(600):\n    open({str(results_json)!r}, 'w').write('{{}}')\n    time.sleep(0.1)\n"
+    results, _ = autograde(installed, {"softmax.py": "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
+                                                     f"{daemon!r}, {token!r}], start_new_session=True)\n",
+                                       "causal_mask.py": CAUSAL_MASK.reference_path.read_text()}, CONTAINER)
+    time.sleep(1.0)   # a daemon that outlived grading would write now
+    assert json.loads(results_json.read_text()) == results
+    softmax = [t for t in results["tests"] if t["name"].startswith("softmax: ")]
+    assert softmax and all(t["score"] == 0 for t in softmax)
+    assert any("your code started a process during importing softmax.py" in t["output"] for t in softmax)
+    assert causal_mask_score(results) == CAUSAL_MASK.max_score
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline_has(pid, token)]
 
 
 @in_a_container
