@@ -67,11 +67,6 @@ def cuda_checks(kata: Kata) -> set[str]:
     return found
 
 
-def max_score_on(kata: Kata, device: str) -> float:
-    """The most a run on ``device`` can score: a check that needs CUDA counts only on CUDA."""
-    return kata.max_score - (0.0 if device == "cuda" else sum(kata.checks.get(c, 0.0) for c in cuda_checks(kata)))
-
-
 def check_id(item) -> str:
     return _id(item.originalname)
 

@@ -3,8 +3,9 @@
 Each hint of a manifest names the checks and diagnosis codes it helps with (its ``for``). A
 diagnosis names the mistake, so the next hint is the first unseen one, in the manifest's order,
 for the first diagnosis the last run gave; once those are seen, for the checks that gave a
-diagnosis, then for the other checks it failed, in the run's order. Task order is only for a kata whose last run failed
-nothing (or that has no run). `kata hint` and `kata interview` both choose this way.
+diagnosis, then for the other checks it failed, in the run's order. Task order is only for a
+kata whose last run failed nothing (or that has no run). `kata hint` and `kata interview` both
+choose this way.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The learner's workspace: their kata files, and the kit's state under ``.kata/``.
 
 The state (``.kata/state.json``) records, per kata, the last status and the checks it failed, the
-best score, the hints seen and whether it was ever passed. The history (``.kata/history.jsonl``, see history.py) keeps every
-graded run and mock interview. It is written atomically (a temporary file, then ``os.replace``). A
+best score, the hints seen and whether it was ever passed. The history (``.kata/history.jsonl``,
+see history.py) keeps every graded run and mock interview. It is written atomically (a temporary file, then ``os.replace``). A
 corrupt state file is reported, kept aside as ``state.corrupt-<time>.json``, and replaced.
 Nothing in the workspace is overwritten without a backup under ``.kata/backups/``.
 """
@@ -86,8 +86,8 @@ class Workspace:
         is not the kata's own, see ``owns``) is marked so in the history, where no status or score
         counts it; only `kata hint` follows it, as it follows the last run. Where ``.kata/``
         cannot be written (another user's, a read-only folder), the grade still stands: the
-        sentence that says it was not remembered is returned, for the caller to show. ``source``: the code graded,
-        where ``result["file"]`` does not hold it (a notebook's check cell)."""
+        sentence that says it was not remembered is returned, for the caller to show. ``source``:
+        the code graded, where ``result["file"]`` does not hold it (a notebook's check cell)."""
         entry = self.kata_state(kata)
         entry["failed"] = hints.failed_checks(result)
         if not scratch:
