@@ -182,6 +182,23 @@ def shape_diagnosis(got, Tq, Tk):
     return None
 
 
+def tensor_form(value, shape, dtype, *, what, call, case, diagnose, meaning=""):
+    """``value`` is a plain tensor of ``shape`` and ``dtype``, judged in that order; a wrong shape
+    asks ``diagnose``. The weights come back in the input's dtype like the output: code that
+    computes its softmax in float32 inside casts the weights back too, not only the output."""
+    expect.type_of(value, torch.Tensor, call=call, case=case, what=what)
+    Name, verb = sentence(what), "have" if what == "the weights" else "has"
+    expect.that(tuple(value.shape) == tuple(shape), f"{Name} {verb} the wrong shape.", call=call, case=case,
+                got=f"shape {tuple(value.shape)}", expected=f"shape {tuple(shape)}{meaning}", diagnose=diagnose)
+    float32_weights = what == "the weights" and (value.dtype, dtype) == (torch.float32, torch.float64)
+    cast_back = (" A softmax computed in float32 inside is cast back to the input's dtype, and the weights "
+                 "returned are the cast-back ones: `att = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)`, "
+                 "then `att @ v`, and return that `att`." if float32_weights else "")
+    expect.that(value.dtype == dtype, f"{Name} {verb} the wrong dtype: forward returns the output and the weights "
+                f"in the input's dtype, {str(dtype).removeprefix('torch.')} here.{cast_back}", call=call, case=case,
+                got=str(value.dtype).removeprefix("torch."), expected=str(dtype).removeprefix("torch."))
+
+
 def pair_form(got, cfg, *, dtype, device, call, case):
     """forward returned (out (B, Tq, d), weights (B, H, Tq, Tk)) of the input's dtype, on its
     device: what a property check needs before it looks at values."""
@@ -190,12 +207,19 @@ def pair_form(got, cfg, *, dtype, device, call, case):
     for what, value, shape, meaning in (
             ("the output", got[0], (B, Tq, d), "(B, Tq, d_model): one output per query"),
             ("the weights", got[1], (B, H, Tq, Tk), "(B, n_heads, Tq, Tk): one row per query, one column per key")):
-        expect.type_of(value, torch.Tensor, call=call, case=case, what=what)
-        verb = "have" if what == "the weights" else "has"
-        expect.that(tuple(value.shape) == shape, f"{sentence(what)} {verb} the wrong shape.", call=call,
-                    case=case, got=f"shape {tuple(value.shape)}", expected=f"shape {shape} = {meaning}",
+        tensor_form(value, shape, dtype, what=what, call=call, case=case, meaning=f" = {meaning}",
                     diagnose=lambda: shape_diagnosis(got, Tq, Tk))
         expect.form(value, torch.Tensor, shape, dtype=dtype, device=device, call=call, case=case, what=what)
+
+
+def judge(got, expected, *, call, case, diagnose, device, against, kata, dtype=torch.float64):
+    """(out, weights) equal ``expected``: each in form (tensor_form: the weights' dtype named
+    with its cause), then on the device, then in value to the dtype's tolerance, a float64 case
+    accepting float32 inside with a note."""
+    for what, value, want in (("the output", got[0], expected[0]), ("the weights", got[1], expected[1])):
+        tensor_form(value, want.shape, want.dtype, what=what, call=call, case=case, diagnose=diagnose)
+        expect.array(value, want, call=call, case=case, what=what, diagnose=diagnose, device=device,
+                     against=against, **kata.tolerance(dtype), float32_inside=expect.float32_inside(kata, dtype))
 
 
 def _weights(w):
@@ -259,7 +283,7 @@ def compare(learner, bugs, kata, rng, device, cfg, *, dtype=torch.float64, kpm=N
     d, kdim, vdim = widths(cfg)
     sd = weights(rng, d, kdim, vdim, dtype)
     query, key, value = inputs(rng, B, Tq, Tk, d, kdim, vdim, dtype)
-    tol, loose = kata.tolerance(dtype), kata.tolerance("float32")
+    loose = kata.tolerance("float32")
     call, case = call_text(cfg, kpm, attn), case_text(cfg, dtype, kpm, attn)
     m = build(learner, device, sd, cfg)
     got = forward(m, query, key, value, kpm, attn)
@@ -269,9 +293,8 @@ def compare(learner, bugs, kata, rng, device, cfg, *, dtype=torch.float64, kpm=N
     compute = lambda impl: trusted(impl.MultiHeadAttention, sd, H, query, key, value, kpm, attn,
                                    defaults=cfg[5] is None)
     diagnose = lambda: diagnosis(bugs, got, compute, loose, kpm=kpm, attn=attn, Tq=Tq, Tk=Tk)
-    for what, value_got, want in (("the output", got[0], expected[0]), ("the weights", got[1], expected[1])):
-        expect.array(value_got, want, call=call, case=case, what=what, diagnose=diagnose, device=device,
-                     against=TORCH_MHA, **tol, float32_inside=expect.float32_inside(kata, dtype))
+    judge(got, expected, call=call, case=case, diagnose=diagnose, device=device, against=TORCH_MHA, kata=kata,
+          dtype=dtype)
 
 
 def test_state_dict_keys(learner):

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from graders.engine import expect
-from graders.engine.failures import sentence
+from graders.engine.failures import CheckFailed, SandboxFailed, sentence
 from graders.engine.learner import describe_value
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_used, check_untampered
@@ -416,16 +416,24 @@ def test_rejects_bad_arguments(learner, rng):
     short, long = inputs(rng, B, H, 10, 12, hd), inputs(rng, B, H, 12, 10, hd)
     learner.flash_attention(*short, block_q=4, block_k=4, causal=True)   # valid calls first: only bad ones may raise
     learner.flash_attention(*long, block_q=4, block_k=4, causal=False)
-    for (q, k, v), bq, bk, causal, why in (
-            (short, 0, 4, False, "block_q = 0: no tile has zero rows"),
-            (short, 4, -4, False, "block_k = -4: a negative step would skip every key"),
-            (long, 4, 4, True, "causal with Tq = 12 > Tk = 10: bottom-right aligned, queries 0 and 1 see no key")):
+    for (q, k, v), bq, bk, causal, why, hang in (
+            (short, 0, 4, False, "block_q = 0: no tile has zero rows", "a loop that steps by block_q = 0 never moves on"),
+            (short, 4, -4, False, "block_k = -4: a negative step would skip every key",
+             "a loop that steps by block_k = -4 moves away from its end"),
+            (long, 4, 4, True, "causal with Tq = 12 > Tk = 10: bottom-right aligned, queries 0 and 1 see no key", "")):
         call = call_text(bq, bk, causal)
         case = case_text(B, H, q.size(-2), k.size(-2), hd, about=why)
         wanted = "ValueError (or AssertionError) naming the bad argument"
-        expect.refused(lambda: learner.flash_attention(q, k, v, block_q=bq, block_k=bk, causal=causal), call=call,
-                       case=case, expected=wanted, returned="A bad argument was accepted.",
-                       raised="A bad argument failed somewhere inside instead of being refused: check it yourself first.")
+        try:
+            expect.refused(lambda: learner.flash_attention(q, k, v, block_q=bq, block_k=bk, causal=causal), call=call,
+                           case=case, expected=wanted, returned="A bad argument was accepted.",
+                           raised="A bad argument failed somewhere inside instead of being refused: check it yourself "
+                                  "first.")
+        except SandboxFailed as exc:
+            # The valid calls above came back, so this call's timeout (or crash) is the bad argument's doing.
+            raise CheckFailed("A bad argument was not refused, and the call never came back: check the arguments "
+                              "before any loop runs and raise ValueError" + (f" ({hang})." if hang else "."),
+                              call=call, case=case, got=exc.message, expected=wanted) from None
 
 
 def test_banned_api(learner, kata, rng, device):

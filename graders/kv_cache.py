@@ -1,11 +1,12 @@
 """Grader of the kv-cache kata (katas/kv-cache/README.md)."""
+import re
 from math import prod
 
 import torch
 import torch.nn.functional as F
 
 from graders.engine import expect
-from graders.engine.failures import CheckFailed, LearnerRaised
+from graders.engine.failures import CheckFailed, LearnerRaised, SandboxFailed
 from graders.engine.learner import describe_value
 from graders.engine.recording import NotRecorded, recorded
 from graders.engine.structure import banned_used, check_untampered
@@ -212,6 +213,19 @@ def output_form(got, *, B, T, d, dtype, device, call, case):
     expect.form(got, torch.Tensor, (B, T, d), dtype=dtype, device=device, call=call, case=case, what="the output")
 
 
+# How torch words a failed broadcast, e.g. "The size of tensor a (7) must match the size of tensor b (3)".
+BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
+
+
+def square_mask_raised(exc, T, Tk) -> bool:
+    """square-chunk-mask: a chunk of T > 1 tokens after Tk - T cached ones raised a failed
+    broadcast between T and Tk: something T columns wide (a (T, T) mask without the cached keys'
+    columns) met the (T, Tk) scores."""
+    found = BROADCAST.search(exc.message or "")
+    return (1 < T < Tk and exc.type_name == "RuntimeError" and found is not None
+            and {int(found[1]), int(found[2])} == {T, Tk})
+
+
 def decode(learner, m, cache, x, chunks, *, device, case):
     """The learner's module run over x chunk by chunk with ``cache``: each chunk's output judged
     for its form, then all of them concatenated over time, (B, T, d)."""
@@ -223,6 +237,8 @@ def decode(learner, m, cache, x, chunks, *, device, case):
             got = m(x[:, start:start + t], cache=cache, start_pos=start)
         except LearnerRaised as exc:
             exc.call, exc.case = call, exc.case or case   # which decoding, and where in it
+            if exc.diagnosis is None and square_mask_raised(exc, t, start + t):
+                exc.diagnosis = "square-chunk-mask"
             raise
         output_form(got, B=B, T=t, d=d, dtype=x.dtype, device=device, call=call, case=case)
         outs.append(got.cpu())
@@ -230,10 +246,31 @@ def decode(learner, m, cache, x, chunks, *, device, case):
     return torch.cat(outs, dim=1)
 
 
-def judge_decoding(learner, bugs, kata, device, m, cache, sd, H, Hkv, xs, schedules, *, what, case):
+def own_forward(m, x):
+    """m(x) without a cache: the module's own full forward, which full-forward-matches-sdpa judges;
+    None where it raises or answers no tensor of x's shape and dtype."""
+    try:
+        got = m(x)
+    except LearnerRaised:
+        return None
+    if type(got) is not torch.Tensor or tuple(got.shape) != tuple(x.shape) or got.dtype != x.dtype:
+        return None
+    return got.cpu()
+
+
+FULL_FORWARD = "m(x), the same module's full forward without a cache, on the same tokens"
+
+
+def judge_decoding(learner, bugs, kata, device, m, cache, sd, H, Hkv, xs, schedules, *, what, case, itself,
+                   own_text=FULL_FORWARD):
     """Decode each sequence of ``xs`` in its chunks with one learner cache (``cache.reset()``
-    between sequences) and judge the last sequence's outputs against SDPA on the whole sequence
-    and the reference, naming the known bug they match."""
+    between sequences) and judge the last sequence's outputs, naming the known bug they match.
+
+    The property is self-consistency: the outputs must equal ``itself(m, x)``, what the same
+    module gives the last sequence another way (its full forward, a fresh cache). Where they do
+    not, they pass only if they are right (SDPA on the whole sequence and the reference): then the
+    other way is what is wrong, and the check that judges it says so. Either way a mistake the
+    module makes in both ways (a scale, a layout) is charged once, where its convention is judged."""
     for i, (x, chunks) in enumerate(zip(xs, schedules)):
         if i:
             cache.reset()
@@ -245,10 +282,25 @@ def judge_decoding(learner, bugs, kata, device, m, cache, sd, H, Hkv, xs, schedu
                                    tuple(schedules))[-1]
     # Matched within float32 rounding, so that a bug written with Llama's float32 softmax is named too.
     diagnose = lambda: bugs.match(got, compute, **loose)
-    inside = expect.float32_inside(kata, x.dtype)
-    for expected, against in ((sdpa_causal(sd, H, Hkv, x), SDPA), (compute(bugs.reference), "the reference")):
-        expect.array(got, expected, call=call, case=case, what="the outputs, concatenated over time",
-                     diagnose=diagnose, against=against, **kata.tolerance(x.dtype), float32_inside=inside)
+    judge_itself(kata, got, itself(m, x), own_text,
+                 ((sdpa_causal(sd, H, Hkv, x), SDPA), (compute(bugs.reference), "the reference")),
+                 call=call, case=case, what="the outputs, concatenated over time", diagnose=diagnose)
+
+
+def judge_itself(kata, got, own, own_text, truths, *, call, case, what, diagnose):
+    """``got`` equals ``own``, what the same module gives another way (None where that way did not
+    work), or else every one of ``truths``, (expected, against) pairs that say what is right."""
+    tol, inside = kata.tolerance(got.dtype), expect.float32_inside(kata, got.dtype)
+    if own is not None and expect.mismatch(got, own, **(inside or tol)) is None:
+        expect.values(got, own, call=call, case=case, what=what, against=own_text, **tol,
+                      float32_inside=inside)   # passes, with the float32-inside note where it needs one
+        return
+    if own is not None and expect.mismatch(got, truths[0][0], **(inside or tol)) is not None:
+        expect.array(got, own, call=call, case=case, what=what, diagnose=diagnose, against=own_text, **tol,
+                     float32_inside=inside)
+    for expected, against in truths:
+        expect.array(got, expected, call=call, case=case, what=what, diagnose=diagnose, against=against, **tol,
+                     float32_inside=inside)
 
 
 def test_cache_grows_by_t(learner, bugs, rng, device):
@@ -272,8 +324,20 @@ def test_reset_starts_a_new_sequence(learner, bugs, kata, rng, device):
     xs, schedules = (normal(rng, B, 5, d), normal(rng, B, 6, d)), ((3, 1, 1), (2, 1, 1, 1, 1))
     case = case_text(xs[1], H, Hkv, f"a first sequence of 5 tokens decoded with one KVCache, chunks 3, 1, 1, then "
                                     f"cache.reset(), then x decoded with the same cache, {schedule_text(schedules[1])}")
-    judge_decoding(learner, bugs, kata, device, build(learner, device, sd, H, Hkv), learner.KVCache(), sd, H, Hkv,
-                   xs, schedules, what="the second sequence, after cache.reset()", case=case)
+    m = build(learner, device, sd, H, Hkv)
+
+    def fresh(m, x):
+        """The same module decoding x with a new KVCache: what reset() must make the old one into."""
+        try:
+            return decode(learner, m, learner.KVCache(), x, schedules[1], device=device, case=case)
+        except SandboxFailed:
+            raise
+        except CheckFailed:   # decoding itself is broken: the checks of decoding say how
+            return None
+
+    judge_decoding(learner, bugs, kata, device, m, learner.KVCache(), sd, H, Hkv, xs, schedules,
+                   what="the second sequence, after cache.reset()", case=case, itself=fresh,
+                   own_text="the same module decoding x, in the same chunks, with a new KVCache()")
 
 
 def test_parameter_count(learner):
@@ -310,24 +374,24 @@ def test_full_forward_matches_sdpa(learner, bugs, kata, rng, device):
 
 
 def test_decode_equals_full_forward(learner, bugs, kata, rng, device):
-    """decoding T tokens one at a time with a cache (start_pos 0, 1, 2, ...) gives the full causal forward of the T tokens"""
+    """decoding T tokens one at a time with a cache (start_pos 0, 1, 2, ...) gives the module's own full forward of the T tokens (or, where that is wrong, the right one)"""
     for (B, d, H, Hkv), T, dtype in ((CONFIGS[0], 7, torch.float64), (CONFIGS[1], 6, torch.float32)):
         sd, x = weights(rng, d, H, Hkv, dtype), normal(rng, B, T, d).to(dtype)
         chunks = (1,) * T
         case = case_text(x, H, Hkv, f"decoded one token at a time with one KVCache, {schedule_text(chunks)}")
         judge_decoding(learner, bugs, kata, device, build(learner, device, sd, H, Hkv), learner.KVCache(), sd, H,
-                       Hkv, (x,), (chunks,), what=f"{T} tokens one at a time", case=case)
+                       Hkv, (x,), (chunks,), what=f"{T} tokens one at a time", case=case, itself=own_forward)
 
 
 def test_chunked_prefill_bottom_right(learner, bugs, kata, rng, device):
-    """chunked prefill: a chunk of Tq > 1 tokens against a longer cache is aligned bottom-right (query i at position start_pos + i)"""
+    """chunked prefill: a chunk of Tq > 1 tokens against a longer cache is aligned bottom-right (query i at position start_pos + i), so chunks give what the same module gives in one shot"""
     for (B, d, H, Hkv), chunks in ((CONFIGS[1], (4, 3, 1, 1, 1)), (CONFIGS[0], (2, 4, 1, 2))):
         T = sum(chunks)
         sd, x = weights(rng, d, H, Hkv), normal(rng, B, T, d)
         case = case_text(x, H, Hkv, f"prefilled and decoded with one KVCache, {schedule_text(chunks)}")
         judge_decoding(learner, bugs, kata, device, build(learner, device, sd, H, Hkv), learner.KVCache(), sd, H,
                        Hkv, (x,), (chunks,), what="a prefill, a chunk of several tokens, then single tokens",
-                       case=case)
+                       case=case, itself=own_forward)
 
 
 def repeated_diagnosis(cache, keys, values, n_rep, rng):
@@ -426,10 +490,18 @@ def test_rejects_mismatched_start_pos(learner, bugs, kata, rng, device):
     output_form(got, B=B, T=1, d=d, dtype=x.dtype, device=device, call=call, case=case)
     compute = lambda impl: trusted(impl.GroupedQueryAttention, impl.KVCache, sd, H, Hkv, (x,), ((P, 1),))[0][:, P:]
     diagnose = lambda: bugs.match(got, compute, **kata.tolerance("float32"))
-    for expected, against in ((sdpa_causal(sd, H, Hkv, x)[:, P:], SDPA + ", its last position"),
-                              (compute(bugs.reference), "the reference")):
-        expect.array(got, expected, call=call, case=case, what="the output", device=device, against=against,
-                     diagnose=diagnose, **kata.tolerance("float64"), float32_inside=expect.float32_inside(kata))
+    # Self-consistency: the rejected calls must change nothing, so the same module decoding the
+    # same tokens with a new cache must answer the same.
+    try:
+        own = decode(learner, m, learner.KVCache(), x, (P, 1), device=device, case=case)[:, P:]
+    except SandboxFailed:
+        raise
+    except CheckFailed:   # decoding itself is broken: the checks of decoding say how
+        own = None
+    judge_itself(kata, got.cpu(), own, f"m(x[:, {P}:], ...) after m(x[:, :{P}], ...) with a new KVCache(), without "
+                 "the rejected calls", ((sdpa_causal(sd, H, Hkv, x)[:, P:], SDPA + ", its last position"),
+                                        (compute(bugs.reference), "the reference")),
+                 call=call, case=case, what="the output", diagnose=diagnose)
 
 
 def test_banned_api(learner, kata, rng, device):

@@ -3,7 +3,8 @@ import torch
 
 from graders.engine import expect
 from graders.engine.recording import recorded
-from graders.kv_cache import build, case_text, judge_decoding, normal, schedule_text, sdpa_causal, trusted, weights
+from graders.kv_cache import (build, case_text, judge_decoding, judge_itself, normal, own_forward, schedule_text,
+                              sdpa_causal, trusted, weights)
 
 
 def fresh_config(rng, Hkv=None):
@@ -29,14 +30,15 @@ def fresh_chunks(rng, T):
 
 
 def test_decodes_any_chunk_schedule(learner, bugs, kata, rng, device):
-    """fresh configurations (multi-query attention included) and chunk schedules: decoding always gives the full causal forward"""
+    """fresh configurations (multi-query attention included) and chunk schedules: decoding always gives the module's own full forward (or, where that is wrong, the right one)"""
     for Hkv in (1, None):
         B, d, H, n_kv = fresh_config(rng, Hkv)
         chunks = fresh_chunks(rng, int(rng.integers(6, 13)))
         sd, x = weights(rng, d, H, n_kv), normal(rng, B, sum(chunks), d)
         case = case_text(x, H, n_kv, f"decoded with one KVCache, {schedule_text(chunks)}")
         judge_decoding(learner, bugs, kata, device, build(learner, device, sd, H, n_kv), learner.KVCache(), sd, H,
-                       n_kv, (x,), (chunks,), what=f"chunks of {', '.join(map(str, chunks))} tokens", case=case)
+                       n_kv, (x,), (chunks,), what=f"chunks of {', '.join(map(str, chunks))} tokens", case=case,
+                       itself=own_forward)
 
 
 @recorded
@@ -86,8 +88,11 @@ def test_two_layers_keep_separate_caches(learner, bugs, kata, rng, device):
     first = trusted(bugs.reference.GroupedQueryAttention, bugs.reference.KVCache, sds[0], H, Hkv, (x,), (None,))[0]
     reference = trusted(bugs.reference.GroupedQueryAttention, bugs.reference.KVCache, sds[1], H, Hkv, (first,),
                         (None,))[0]
-    for expected, against in ((sdpa_causal(sds[1], H, Hkv, sdpa_causal(sds[0], H, Hkv, x)),
-                               "two F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) layers on the "
-                               "whole sequence at once"), (reference, "the reference's two layers")):
-        expect.array(got, expected, call=call, case=case, what=what, against=against, diagnose=diagnose,
-                     **kata.tolerance("float64"), float32_inside=expect.float32_inside(kata))
+    # Self-consistency: the same two modules' full forwards, one after the other, without caches.
+    hidden = own_forward(layers[0], x)
+    own = None if hidden is None else own_forward(layers[1], hidden)
+    judge_itself(kata, got, own, "layer2(layer1(x)), the same two modules' full forwards without caches",
+                 ((sdpa_causal(sds[1], H, Hkv, sdpa_causal(sds[0], H, Hkv, x)),
+                   "two F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) layers on the whole sequence "
+                   "at once"), (reference, "the reference's two layers")),
+                 call=call, case=case, what=what, diagnose=diagnose)

@@ -46,6 +46,21 @@ def slope_tolerance(kata, H):
     return {"rtol": base["rtol"] + kata.tolerance("float32", magnitude=H)["atol"] - base["atol"], "atol": 0.0}
 
 
+def finfo_fill(got, expected):
+    """(H, T, T) bool: where ``expected`` is -inf (above the diagonal) and ``got`` holds
+    torch.finfo(float32).min instead. Hugging Face's masks fill with the dtype's minimum, which
+    gives those keys weight exactly 0 as -inf does (exp underflows): either is the causal bias.
+    None when ``got`` is no float32 tensor of ``expected``'s shape (the form checks judge that)."""
+    if type(got) is not torch.Tensor or got.dtype != torch.float32 or tuple(got.shape) != tuple(expected.shape):
+        return None
+    return expected.isneginf() & (got.detach().cpu() == torch.finfo(torch.float32).min)
+
+
+def as_filled(t, where, value):
+    """``t`` with ``value`` at ``where`` (a CPU bool mask), on ``t``'s device."""
+    return t if where is None else torch.where(where.to(t.device), torch.tensor(value, device=t.device), t)
+
+
 def attend(q, k, v, bias):
     """softmax(q kᵀ / sqrt(head_dim) + bias) v in q's dtype: F.scaled_dot_product_attention adds a
     float attn_mask to the scaled scores, so the attention is an oracle nobody here wrote."""
@@ -112,14 +127,20 @@ def test_alibi_slopes(learner, bugs, kata):
 
 
 def test_alibi_bias_values(learner, bugs, kata):
-    """alibi_bias(H, T) is (H, T, T) float32: -slope_h·(i - j) for keys j <= i, -inf above the diagonal"""
+    """alibi_bias(H, T) is (H, T, T) float32: -slope_h·(i - j) for keys j <= i, -inf (or float32's finfo.min) above the diagonal"""
     for H, T in BIAS_CASES:
         expected = bugs.reference.alibi_bias(H, T)
         tol = bias_tolerance(kata, expected)
         got = learner.alibi_bias(H, T)
-        case = f"{H} heads, {T} positions: bias[h, i, j] = -slope_h·(i - j) for j <= i, -inf for j > i"
-        expect.array(got, expected, call=f"alibi_bias({H}, {T})", case=case, what="the bias",
-                     diagnose=lambda: bugs.match(got, lambda impl: impl.alibi_bias(H, T), **tol), **tol)
+        case = (f"{H} heads, {T} positions: bias[h, i, j] = -slope_h·(i - j) for j <= i, -inf (or "
+                "torch.finfo(torch.float32).min) for j > i")
+        # Where the learner filled finfo.min above the diagonal, that is what is expected there; the
+        # oracles fill -inf, so they are asked about the bias with those entries read as -inf.
+        fill = finfo_fill(got, expected)
+        accepted = as_filled(expected, fill, torch.finfo(torch.float32).min)
+        causal = as_filled(got, fill, float("-inf"))
+        expect.array(got, accepted, call=f"alibi_bias({H}, {T})", case=case, what="the bias",
+                     diagnose=lambda: bugs.match(causal, lambda impl: impl.alibi_bias(H, T), **tol), **tol)
 
 
 def test_attention_with_alibi_bias(learner, bugs, kata, rng):

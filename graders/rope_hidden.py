@@ -26,7 +26,7 @@ def test_apply_rope_at_fresh_positions(learner, bugs, kata, rng, device):
 
 
 def test_decode_in_fresh_chunks(learner, bugs, kata, rng, device):
-    """a fresh configuration fed in fresh chunks with past_kv equals one forward over the whole sequence"""
+    """a fresh configuration fed in fresh chunks with past_kv equals your module's own forward over the whole sequence"""
     H = int(rng.integers(2, 5))
     hd = 2 * int(rng.choice([n for n in range(2, 9) if 2 * n != H]))
     T = int(rng.integers(6, 13))

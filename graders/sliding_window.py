@@ -126,20 +126,41 @@ def pair(got, *, call, case):
                 case=case, got=describe_value(got), expected="tuple (k_win (B, H, n, hd), v_win (B, H, n, dv))")
 
 
-def order_diagnosis(got, expected, held):
-    """rolling-buffer-order: the window has the expected shape and every token in it is one the
-    buffer held or the chunk brought (``held``: the window tokens before the chunk and the chunk),
-    yet it is not the expected window: the buffer was read in slot order, or newest first, so once
-    it wraps the tokens come in the wrong order or the wrong ones are cut off."""
-    if type(got) is not torch.Tensor or tuple(got.shape) != tuple(expected.shape) or got.shape[-2] < 2:
+def stream_positions(got, stream, first):
+    """The position in the stream of each token of ``got`` (its time axis): ``first`` plus the
+    index of the token of ``stream`` it equals, in every batch row and head at once; None when a
+    token is none of them, or ``got`` is not laid out as ``stream`` is."""
+    if type(got) is not torch.Tensor or got.dim() != 4 or got.shape[:2] != stream.shape[:2] \
+            or got.shape[-1] != stream.shape[-1]:
         return None
-    got, held = got.detach().cpu().double(), held.double()
+    got, stream = got.detach().cpu().double(), stream.double()
+    found = []
     for i in range(got.shape[-2]):
-        # token i of the window is some token of `held`, in every batch row and head at once
-        if not bool(torch.isclose(got[..., i:i + 1, :], held, rtol=1e-12, atol=1e-12).all(-1).flatten(0, -2)
-                    .all(0).any()):
+        same = torch.isclose(got[..., i:i + 1, :], stream, rtol=1e-12, atol=1e-12).all(-1).flatten(0, -2).all(0)
+        if not bool(same.any()):
             return None
-    return "rolling-buffer-order"
+        found.append(first + int(same.nonzero()[0]))
+    return found
+
+
+def window_diagnosis(got, stream, a, b, window):
+    """The cache bug behind a wrong window for the stream's tokens a..b - 1, told by which stream
+    positions it holds, when no oracle gives exactly this window. rolling-buffer-order: the right
+    tokens, each once, in another order. rolling-buffer-overwritten: the chunk comes last, as it
+    should, but what comes before it holds tokens of the chunk itself: the cache stored the chunk
+    before it read the tokens before it, so those come twice and the ones they replaced are
+    missing."""
+    first = max(0, a - window)   # the oldest token the buffer can hold before this append
+    found = stream_positions(got, stream[..., first:b, :], first)
+    want = list(range(window_of(a, b, window), b))
+    if found is None or found == want:
+        return None
+    if sorted(found) == want:
+        return "rolling-buffer-order"
+    t = b - a
+    if len(found) > t and found[-t:] == list(range(a, b)) and any(p >= a for p in found[:-t]):
+        return "rolling-buffer-overwritten"
+    return None
 
 
 def windows_diagnosis(bugs, got, step, k, v, window, chunks, tol):
@@ -147,9 +168,7 @@ def windows_diagnosis(bugs, got, step, k, v, window, chunks, tol):
     code = bugs.match(got, lambda impl: trusted_windows(impl.RollingKVCache, k, v, window, chunks)[step], **tol)
     if code is None and type(got) is tuple and len(got) == 2:
         a, b = spans(chunks)[step]
-        start, held = window_of(a, b, window), max(0, a - window)
-        code = order_diagnosis(got[0], k[..., start:b, :], k[..., held:b, :]) \
-            or order_diagnosis(got[1], v[..., start:b, :], v[..., held:b, :])
+        code = window_diagnosis(got[0], k, a, b, window) or window_diagnosis(got[1], v, a, b, window)
     return code
 
 

@@ -65,6 +65,14 @@ def unscaled_dq(q, k, v, do, scale=None, causal=False):
     return ds @ k, (ds.transpose(-2, -1) @ q) * scale, dv   # dq without the scale, dk with it
 
 
+def unscaled_dk(q, k, v, do, scale=None, causal=False):
+    scale = default(q, scale)
+    p = weights(q, k, scale, causal)
+    dv = p.transpose(-2, -1) @ do
+    ds = softmax_backward(p, do @ v.transpose(-2, -1))
+    return (ds @ k) * scale, ds.transpose(-2, -1) @ q, dv   # dq with the scale, dk without it
+
+
 def returned_dk_dq(q, k, v, do, scale=None, causal=False):
     scale = default(q, scale)
     dq, dk, dv = grads(q, k, v, do, weights(q, k, scale, causal), scale)
@@ -85,6 +93,14 @@ def unmasked_scores_grad(q, k, v, do, scale=None, causal=False):
     scale = default(q, scale)
     dv = weights(q, k, scale, causal).transpose(-2, -1) @ do   # dv from the forward's masked P
     p = weights(q, k, scale, False)   # P recomputed for dS without the mask
+    ds = softmax_backward(p, do @ v.transpose(-2, -1))
+    return (ds @ k) * scale, (ds.transpose(-2, -1) @ q) * scale, dv
+
+
+def unmasked_values_grad(q, k, v, do, scale=None, causal=False):
+    scale = default(q, scale)
+    p = weights(q, k, scale, causal)   # dS from the forward's masked P ...
+    dv = weights(q, k, scale, False).transpose(-2, -1) @ do   # ... dv from P recomputed without the mask
     ds = softmax_backward(p, do @ v.transpose(-2, -1))
     return (ds @ k) * scale, (ds.transpose(-2, -1) @ q) * scale, dv
 
@@ -131,9 +147,12 @@ BUGS = {
         {"softmax_backward": diag_only_softmax_backward, "attention_backward": diag_only_attention_backward},
         {"softmax_backward": elementwise_softmax_backward, "attention_backward": elementwise_attention_backward},
     ],
-    "missing-scale-in-grad": [{"attention_backward": unscaled_grads}, {"attention_backward": unscaled_dq}],
+    "missing-scale-in-grad": [{"attention_backward": unscaled_grads}, {"attention_backward": unscaled_dq},
+                              {"attention_backward": unscaled_dk}],
     "dk-dq-swapped": [{"attention_backward": returned_dk_dq}, {"attention_backward": transposed_on_the_wrong_side}],
-    "causal-grad-leak": [{"attention_backward": unmasked_scores_grad}, {"attention_backward": unmasked_backward}],
+    # The unmasked weights where the backward uses P: in dS, in dv, or in both.
+    "causal-grad-leak": [{"attention_backward": unmasked_scores_grad}, {"attention_backward": unmasked_values_grad},
+                         {"attention_backward": unmasked_backward}],
     "mask-top-left-aligned": {"attention_backward": top_left_backward},
     "nan-on-fully-masked-row": {"attention_backward": nan_rows_backward},
     "banned-api": [{"attention_backward": autograd_grad}, {"attention_backward": tensor_backward},

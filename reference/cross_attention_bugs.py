@@ -82,6 +82,19 @@ class ScaleByDModel(MultiHeadAttention):
         self.scale = 1.0 / math.sqrt(d_model)   # the model width, not the head width
 
 
+class HeadsAveraged(MultiHeadAttention):
+    keepdim = False   # nn.MultiheadAttention's default shape: (B, Tq, Tk)
+
+    def forward(self, query, key, value, key_padding_mask=None, attn_mask=None):
+        out, att = super().forward(query, key, value, key_padding_mask, attn_mask)
+        # nn.MultiheadAttention's default, average_attn_weights=True: one map for all the heads
+        return out, att.mean(dim=1, keepdim=self.keepdim)   # (B, Tq, Tk) or (B, 1, Tq, Tk)
+
+
+class HeadsAveragedKeepdim(HeadsAveraged):
+    keepdim = True   # the head axis kept, of size 1: (B, 1, Tq, Tk)
+
+
 class BannedApi(MultiHeadAttention):
     def forward(self, query, key, value, key_padding_mask=None, attn_mask=None):
         _, att = super().forward(query, key, value, key_padding_mask, attn_mask)   # the weights by hand
@@ -100,5 +113,6 @@ BUGS = {
     "kdim-ignored": [{"MultiHeadAttention": KdimIgnored}, {"MultiHeadAttention": VdimIgnored}],
     "attn-mask-inverted": {"MultiHeadAttention": AttnMaskInverted},
     "scale-by-d-model": {"MultiHeadAttention": ScaleByDModel},
+    "heads-averaged": [{"MultiHeadAttention": HeadsAveraged}, {"MultiHeadAttention": HeadsAveragedKeepdim}],
     "banned-api": {"MultiHeadAttention": BannedApi},
 }

@@ -8,6 +8,11 @@ import math
 import torch
 
 
+# The output divided inside the key loop by the running sum so far: how much of what acc held it
+# keeps when a tile is added (right: l_old * alpha / l_new), the new tile's p v divided by l_new.
+IN_LOOP = ("divide-every-block", "drop-correction", "divide-tile-by-sum")
+
+
 def _tiled(q, k, v, block_q, block_k, causal, mistake):
     B, H, Tq, hd = q.shape
     Tk = k.size(-2)
@@ -17,6 +22,10 @@ def _tiled(q, k, v, block_q, block_k, causal, mistake):
         raise ValueError(f"causal attention needs Tq ({Tq}) <= Tk ({Tk})")
     scale = 1.0 / math.sqrt(hd)
     offset = Tk - Tq
+    # SDPA's is_causal: query i sits at position i, whatever Tk is, and the key blocks are skipped by that
+    # position too. (Masked so but skipped bottom-right, the same values come back from more tiles, all
+    # of them needed by the right mask: the count checks pass, and this oracle names the values.)
+    mask_offset = 0 if mistake == "top-left" else offset
     out = torch.empty_like(q)
     lse = q.new_empty(B, H, Tq)
     ms, ls = q.new_empty(B, H, Tq), q.new_empty(B, H, Tq)
@@ -27,7 +36,9 @@ def _tiled(q, k, v, block_q, block_k, causal, mistake):
         l = q.new_zeros(B, H, i1 - i0)
         acc = q.new_zeros(B, H, i1 - i0, hd)
         k_end = offset + i1 if causal else Tk
-        if causal and mistake == "skip-diagonal":
+        if causal and mistake == "top-left":
+            k_end = i1
+        elif causal and mistake == "skip-diagonal":
             k_end = offset + i0   # Triton's off-band stage alone: the diagonal blocks are never visited
         elif causal and mistake == "one-block-too-many":
             k_end = min(offset + i1 + block_k, Tk)   # one more key block, entirely above the diagonal
@@ -38,8 +49,8 @@ def _tiled(q, k, v, block_q, block_k, causal, mistake):
         for j0 in range(0, k_end, block_k):
             j1 = min(j0 + block_k, Tk)
             s = qi @ k[:, :, j0:j1].transpose(-2, -1)
-            if causal and j1 - 1 > offset + i0:
-                rows = offset + torch.arange(i0, i1, device=q.device)
+            if causal and j1 - 1 > mask_offset + i0:
+                rows = mask_offset + torch.arange(i0, i1, device=q.device)
                 cols = torch.arange(j0, j1, device=q.device)
                 s = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
             m_new = torch.maximum(m, s.amax(dim=-1))
@@ -52,9 +63,12 @@ def _tiled(q, k, v, block_q, block_k, causal, mistake):
                 l, acc = l + p.sum(dim=-1), alpha[..., None] * acc + pv
             elif mistake == "rescale-sum-only":
                 l, acc = alpha * l + p.sum(dim=-1), acc + pv
-            elif mistake == "divide-every-block":   # FlashAttention-1's update without its l_old factor
+            elif mistake in IN_LOOP:
+                # FlashAttention-1 keeps acc normalised: acc_new = (l_old * alpha * acc + pv) / l_new. These
+                # drop l_old, drop l_old * alpha, or divide only the new tile's p v by the sum so far.
                 l = alpha * l + p.sum(dim=-1)
-                acc = (alpha[..., None] * acc + pv) / l[..., None]
+                kept = {"divide-every-block": alpha / l, "drop-correction": 1 / l, "divide-tile-by-sum": alpha}[mistake]
+                acc = kept[..., None] * acc + pv / l[..., None]
             elif mistake == "softmax-per-block":   # each tile's own softmax, the tiles' outputs added up
                 l = alpha * l + p.sum(dim=-1)
                 acc = acc + (p / p.sum(dim=-1, keepdim=True)) @ v[:, :, j0:j1]
@@ -62,9 +76,9 @@ def _tiled(q, k, v, block_q, block_k, causal, mistake):
                 l = alpha * l + p.sum(dim=-1)
                 acc = alpha[..., None] * acc + pv
             m = m_new
-        normalised = mistake in ("divide-every-block", "softmax-per-block")
+        normalised = mistake in IN_LOOP or mistake == "softmax-per-block"
         out[:, :, i0:i1] = acc if normalised else acc / l[..., None]
-        lse[:, :, i0:i1] = m + torch.log(l)
+        lse[:, :, i0:i1] = torch.log(l) if mistake == "lse-log-l" else m + torch.log(l)
         ms[:, :, i0:i1], ls[:, :, i0:i1] = m, l
     return out, lse, ms, ls
 
@@ -129,8 +143,28 @@ def divides_every_block(q, k, v, block_q=64, block_k=64, causal=False):
     return out, lse
 
 
+def drops_the_correction(q, k, v, block_q=64, block_k=64, causal=False):
+    out, lse, _, _ = _tiled(q, k, v, block_q, block_k, causal, "drop-correction")   # (acc + pv) / l_new
+    return out, lse
+
+
+def divides_each_tile_by_the_sum_so_far(q, k, v, block_q=64, block_k=64, causal=False):
+    out, lse, _, _ = _tiled(q, k, v, block_q, block_k, causal, "divide-tile-by-sum")   # alpha acc + pv / l_new
+    return out, lse
+
+
 def softmax_per_block(q, k, v, block_q=64, block_k=64, causal=False):
     out, lse, _, _ = _tiled(q, k, v, block_q, block_k, causal, "softmax-per-block")
+    return out, lse
+
+
+def lse_without_the_max(q, k, v, block_q=64, block_k=64, causal=False):
+    out, lse, _, _ = _tiled(q, k, v, block_q, block_k, causal, "lse-log-l")   # log(l): log sum exp(s) - m
+    return out, lse
+
+
+def top_left_causal(q, k, v, block_q=64, block_k=64, causal=False):
+    out, lse, _, _ = _tiled(q, k, v, block_q, block_k, causal, "top-left")   # skipped and masked from position i
     return out, lse
 
 
@@ -152,6 +186,10 @@ BUGS = {
                                      {"flash_attention": only_blocks_below_the_diagonal},
                                      {"flash_attention": one_key_block_too_many},
                                      {"flash_attention": floor_divides_the_key_blocks}],
-    "normalise-per-block": [{"flash_attention": divides_every_block}, {"flash_attention": softmax_per_block}],
+    "normalise-per-block": [{"flash_attention": divides_every_block}, {"flash_attention": softmax_per_block},
+                            {"flash_attention": drops_the_correction},
+                            {"flash_attention": divides_each_tile_by_the_sum_so_far}],
+    "lse-missing-max": {"flash_attention": lse_without_the_max},
+    "mask-top-left-aligned": {"flash_attention": top_left_causal},
     "banned-api": {"flash_attention": banned_api},
 }

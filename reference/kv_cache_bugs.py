@@ -71,6 +71,37 @@ class TopLeftCausalButOneToken(GroupedQueryAttention):
                                  torch.ones(T, Tk, dtype=torch.bool, device=device).tril())
 
 
+# --- causal-mask-off-by-one -------------------------------------------------------------------
+
+class MaskSeesNextToken(GroupedQueryAttention):
+    def forward(self, x, cache=None, start_pos=0):
+        # tril(start_pos + 1): one diagonal too many, so query i (at start_pos + i) may see key
+        # start_pos + i + 1, the token after it. A single decoded token has no key after it.
+        return forward_with_mask(self, x, cache, start_pos, lambda T, Tk, device:
+                                 torch.ones(T, Tk, dtype=torch.bool, device=device).tril(Tk - T + 1))
+
+
+# --- square-chunk-mask ------------------------------------------------------------------------
+
+class SquareChunkMask(GroupedQueryAttention):
+    def forward(self, x, cache=None, start_pos=0):
+        # Llama's original code: `torch.full((T, T), -inf).triu(start_pos + 1)`, no mask for a single
+        # token. The (T, T) mask has no columns for the cached keys: a chunk after cached tokens
+        # fails to broadcast against its (T, start_pos + T) scores.
+        return forward_with_mask(self, x, cache, start_pos, lambda T, Tk, device: None if T == 1 else
+                                 torch.ones(T, T, dtype=torch.bool, device=device).tril(Tk - T))
+
+
+class SquareChunkMaskPadded(GroupedQueryAttention):
+    def forward(self, x, cache=None, start_pos=0):
+        # The same (T, T) block, with start_pos columns of zeros in front for the cached keys (the
+        # later fix's hstack): its diagonal start_pos + 1 then lets query i see the chunk's tokens
+        # up to i + start_pos, after it.
+        return forward_with_mask(self, x, cache, start_pos, lambda T, Tk, device: None if T == 1 else torch.cat(
+            [torch.ones(T, Tk - T, dtype=torch.bool, device=device),
+             torch.ones(T, T, dtype=torch.bool, device=device).tril(Tk - T)], dim=1))
+
+
 # --- cache-stores-repeated-kv -----------------------------------------------------------------
 
 class StoresRepeatedKv(GroupedQueryAttention):
@@ -138,6 +169,35 @@ class PositionAdvancedByOne(Preallocated):
         self.v[:, :, self.pos:end] = v
         self.pos += 1   # one token per step, as in decoding: a prefill of t tokens moves it by 1 too
         return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class PositionAdvancedByOneReadsToPos(Preallocated):
+    def append(self, k, v):
+        B, Hkv, t, hd = k.shape
+        if self.k is None:
+            self.k = k.new_zeros(B, Hkv, MAX_LEN, hd)
+            self.v = v.new_zeros(B, Hkv, MAX_LEN, hd)
+        self.k[:, :, self.pos:self.pos + t] = k
+        self.v[:, :, self.pos:self.pos + t] = v
+        self.pos += 1   # by 1, not by t: [:pos] then reads one token of a prefill's t
+        return self.k[:, :, :self.pos], self.v[:, :, :self.pos]
+
+
+class LengthAdvancedByOne(KVCache):
+    def __init__(self):
+        super().__init__()
+        self.n_tokens = 0
+
+    def append(self, k, v):
+        self.n_tokens += 1   # one per call, as in decoding: a prefill brings k.shape[2] tokens
+        return super().append(k, v)
+
+    def reset(self):
+        super().reset()
+        self.n_tokens = 0
+
+    def __len__(self):
+        return self.n_tokens
 
 
 # --- cache-not-reset --------------------------------------------------------------------------
@@ -216,8 +276,12 @@ BUGS = {
     "cache-top-left-causal": [{"GroupedQueryAttention": TopLeftCausal},
                               {"GroupedQueryAttention": TopLeftCausalButOneToken}],
     "cache-stores-repeated-kv": {"GroupedQueryAttention": StoresRepeatedKv},
+    "causal-mask-off-by-one": {"GroupedQueryAttention": MaskSeesNextToken},
+    "square-chunk-mask": [{"GroupedQueryAttention": SquareChunkMask},
+                          {"GroupedQueryAttention": SquareChunkMaskPadded}],
     "position-not-advanced": [{"KVCache": PositionNotAdvanced}, {"KVCache": PositionNotAdvancedReadsNothing},
-                              {"KVCache": LengthNotAdvanced}, {"KVCache": PositionAdvancedByOne}],
+                              {"KVCache": LengthNotAdvanced}, {"KVCache": PositionAdvancedByOne},
+                              {"KVCache": PositionAdvancedByOneReadsToPos}, {"KVCache": LengthAdvancedByOne}],
     "cache-not-reset": [{"KVCache": ResetForgetsSelf}, {"KVCache": ResetOnlyTheCount},
                         {"KVCache": ResetZeroesTheBuffer}],
     "concat-wrong-dim": [{"KVCache": ConcatOnHeads}, {"KVCache": ConcatOnHeadDim}],

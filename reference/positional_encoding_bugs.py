@@ -85,6 +85,21 @@ def shift_matrix_concat(k, d):
     return m[order][:, order]   # the same rotations, for the concatenated layout
 
 
+def sinusoidal_fairseq(T, d):
+    angle = _positions(T) * _fairseq_frequencies(d)
+    return torch.cat([angle.sin(), angle.cos()], dim=-1).float()   # fairseq's get_embedding: halves, as published
+
+
+def sinusoidal_from_one(T, d):
+    angle = (_positions(T) + 1) * _frequencies(d)   # positions 1..T: counted from 1
+    return _table(angle.sin(), angle.cos(), T)
+
+
+def sinusoidal_after_padding(T, d, padding_idx=1):
+    angle = (_positions(T) + padding_idx + 1) * _frequencies(d)   # fairseq's make_positions: from padding_idx + 1
+    return _table(angle.sin(), angle.cos(), T)
+
+
 def shift_matrix_transposed(k, d):
     return _rotations(_frequencies(d), k, transposed=True)   # the textbook rotation, for (cos, sin) pairs
 
@@ -135,7 +150,9 @@ BUGS = {
                            {"sinusoidal": sinusoidal_half_minus_one, "shift_matrix": shift_matrix_half_minus_one},
                            {"sinusoidal": sinusoidal_exponent_doubled}],
     "interleave-vs-concat": [{"sinusoidal": sinusoidal_concat},
-                             {"sinusoidal": sinusoidal_concat, "shift_matrix": shift_matrix_concat}],
+                             {"sinusoidal": sinusoidal_concat, "shift_matrix": shift_matrix_concat},
+                             {"sinusoidal": sinusoidal_fairseq}],
+    "position-offset": [{"sinusoidal": sinusoidal_from_one}, {"sinusoidal": sinusoidal_after_padding}],
     "shift-matrix-transposed": {"shift_matrix": shift_matrix_transposed},
     "alibi-slope-power-of-two-only": {"alibi_slopes": alibi_slopes_power_of_two_only,
                                       "alibi_bias": alibi_bias_power_of_two_only},

@@ -42,6 +42,12 @@ def rope_cache_i_over_hd(T, head_dim, base=10000.0, dtype=torch.float32):
     return _cache(theta, T, dtype)
 
 
+def rope_cache_exponent_doubled(T, head_dim, base=10000.0, dtype=torch.float32):
+    _odd(head_dim)
+    column = torch.arange(0, head_dim, 2, dtype=torch.float64)   # already 2i ...
+    return _cache(base ** (-2 * column / head_dim), T, dtype)   # ... doubled again: 4i/hd
+
+
 def rope_cache_positive_exponent(T, head_dim, base=10000.0, dtype=torch.float32):
     _odd(head_dim)
     return _cache(base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim), T, dtype)   # 1 / forgotten
@@ -105,6 +111,10 @@ class IOverHd(_Frequencies):
     cache = staticmethod(rope_cache_i_over_hd)
 
 
+class ExponentDoubled(_Frequencies):
+    cache = staticmethod(rope_cache_exponent_doubled)
+
+
 class PositiveExponent(_Frequencies):
     cache = staticmethod(rope_cache_positive_exponent)
 
@@ -114,7 +124,8 @@ BUGS = {
                                  {"apply_rope": apply_rope_half, "RoPEAttention": Half}],
     "rope-on-values": {"RoPEAttention": RopeOnValues},
     "rope-base-exponent": [{"rope_cache": rope_cache_i_over_hd, "RoPEAttention": IOverHd},
-                           {"rope_cache": rope_cache_positive_exponent, "RoPEAttention": PositiveExponent}],
+                           {"rope_cache": rope_cache_positive_exponent, "RoPEAttention": PositiveExponent},
+                           {"rope_cache": rope_cache_exponent_doubled, "RoPEAttention": ExponentDoubled}],
     "rope-positions-ignored": {"apply_rope": apply_rope_positions_ignored, "RoPEAttention": PositionsIgnored},
     "banned-api": {"RoPEAttention": BannedApi},
 }

@@ -8,13 +8,16 @@ import torch
 import torch.nn.functional as F
 
 
-def rotate_complex(t, positions, base):
+def rotate_complex(t, positions, base, cache_dtype=None):
     """RoPE as complex multiplication: pair (t[2i], t[2i+1]) is the complex number t[2i] + j·t[2i+1],
-    times e^{j·p·θ_i}."""
+    times e^{j·p·θ_i}. ``cache_dtype``: the turn's cos and sin rounded to it first, as a module's
+    cos/sin buffer built in that dtype holds them after the grader's ``.to(float64)``."""
     hd = t.shape[-1]
     theta = 1.0 / base ** (torch.arange(hd // 2, dtype=torch.float64) * 2 / hd)   # (hd/2,)
     turn = torch.polar(torch.ones(len(positions), hd // 2, dtype=torch.float64),
                        positions.double()[:, None] * theta)   # (T, hd/2)
+    if cache_dtype is not None:
+        turn = torch.complex(turn.real.to(cache_dtype).double(), turn.imag.to(cache_dtype).double())   # (T, hd/2)
     z = torch.view_as_complex(t.double().reshape(*t.shape[:-1], hd // 2, 2).contiguous())   # (..., T, hd/2)
     return torch.view_as_real(z * turn).flatten(-2)   # (..., T, hd)
 
@@ -31,15 +34,23 @@ def merged(sd, y):
     return y.transpose(1, 2).reshape(B, T, H * hd) @ sd["o_proj.weight"].double().T
 
 
-def sdpa_rope(sd, H, x, base=None):
+def sdpa_rope(sd, H, x, base=None, cache_dtype=None):
     """The module's output: complex rotations of q and k at positions 0..T-1, then
-    F.scaled_dot_product_attention(is_causal=True); in x's dtype."""
+    F.scaled_dot_product_attention(is_causal=True); in x's dtype. ``cache_dtype`` as in rotate_complex."""
     base = 10000.0 if base is None else base
     positions = torch.arange(x.shape[1])
-    q = rotate_complex(heads(sd, "q_proj.weight", H, x), positions, base)   # (B, H, T, hd)
-    k = rotate_complex(heads(sd, "k_proj.weight", H, x), positions, base)   # (B, H, T, hd)
+    q = rotate_complex(heads(sd, "q_proj.weight", H, x), positions, base, cache_dtype)   # (B, H, T, hd)
+    k = rotate_complex(heads(sd, "k_proj.weight", H, x), positions, base, cache_dtype)   # (B, H, T, hd)
     y = F.scaled_dot_product_attention(q, k, heads(sd, "v_proj.weight", H, x), is_causal=True)   # (B, H, T, hd)
     return merged(sd, y).to(x.dtype)   # (B, T, d)
+
+
+def keys(sd, H, x, base=None, cache_dtype=None):
+    """k_proj(x) split into heads and rotated at positions 0..T-1: the cached k, (B, H, T, hd) in
+    x's dtype. ``cache_dtype`` as in rotate_complex."""
+    base = 10000.0 if base is None else base
+    k = rotate_complex(heads(sd, "k_proj.weight", H, x), torch.arange(x.shape[1]), base, cache_dtype)
+    return k.to(x.dtype)   # (B, H, T, hd)
 
 
 def values(sd, H, x):

@@ -73,10 +73,46 @@ class RollingKVCacheSlotOrder(RollingKVCache):
         return buffer[..., slots.sort().values, :]   # the buffer as it lies in memory: never unrotated
 
 
+class RollingKVCacheSlotOrderCut(RollingKVCache):
+    def _last(self, buffer, n):
+        held = buffer[..., :min(self.seen, self.window), :]   # the slots in use, slot 0 first: never unrotated
+        return held[..., held.size(-2) - n:, :]   # its last n slots, not its last n tokens
+
+
+class RollingKVCacheBufferNewestFirst(RollingKVCache):
+    def _last(self, buffer, n):
+        slots = torch.arange(self.seen - 1, self.seen - 1 - n, -1, device=buffer.device) % self.window
+        return buffer[..., slots, :]   # walked back from the newest token: newest first
+
+
 class RollingKVCacheNewestFirst(RollingKVCache):
     def append(self, k, v):
         k_win, v_win = super().append(k, v)
         return k_win.flip(-2), v_win.flip(-2)   # newest first
+
+
+class RollingKVCacheWritesFirst(RollingKVCache):
+    def append(self, k, v):
+        t_new = k.size(-2)
+        if self.k is None:
+            self.k = k.new_zeros(*k.shape[:-2], self.window, k.size(-1))
+            self.v = v.new_zeros(*v.shape[:-2], self.window, v.size(-1))
+        kept = min(t_new, self.window)
+        slots = torch.arange(self.seen + t_new - kept, self.seen + t_new, device=k.device) % self.window
+        self.k[..., slots, :] = k[..., t_new - kept:, :]   # written first: the chunk overwrites slots
+        self.v[..., slots, :] = v[..., t_new - kept:, :]   # its first queries still need
+        before = min(self.seen, self.window - 1)
+        k_win = torch.cat([self._last(self.k, before), k], dim=-2)
+        v_win = torch.cat([self._last(self.v, before), v], dim=-2)
+        self.seen += t_new
+        return k_win, v_win
+
+
+class RollingKVCachePushesFirst(RollingKVCache):
+    def append(self, k, v):
+        super().append(k, v)   # the chunk stored first, as onto a deque(maxlen=window)
+        before = min(self.seen, self.window - 1)   # then its newest tokens read: the chunk's among them
+        return torch.cat([self._last(self.k, before), k], dim=-2), torch.cat([self._last(self.v, before), v], dim=-2)
 
 
 class RollingKVCacheConcat(RollingKVCache):
@@ -113,7 +149,11 @@ BUGS = {
                            "sliding_window_attention": attention_no_causal_bound}],
     "mask-top-left-aligned": {"sliding_window_mask": mask_top_left, "sliding_window_attention": attention_top_left},
     "rolling-buffer-order": [{"RollingKVCache": RollingKVCacheSlotOrder},
+                             {"RollingKVCache": RollingKVCacheSlotOrderCut},
+                             {"RollingKVCache": RollingKVCacheBufferNewestFirst},
                              {"RollingKVCache": RollingKVCacheNewestFirst}],
+    "rolling-buffer-overwritten": [{"RollingKVCache": RollingKVCacheWritesFirst},
+                                   {"RollingKVCache": RollingKVCachePushesFirst}],
     "rolling-buffer-grows": [{"RollingKVCache": RollingKVCacheConcat}, {"RollingKVCache": RollingKVCacheList}],
     "banned-api": {"sliding_window_attention": attention_banned},
 }

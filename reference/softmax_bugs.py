@@ -19,6 +19,24 @@ def softmax_global_max(x, axis=-1):
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
+def softmax_float64_out(x, axis=-1):
+    x = x.astype(np.float64)   # upcast for accuracy, never cast back: float32 in, float64 out
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def softmax_float64_sum(x, axis=-1):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True, dtype=np.float64)   # a float64 sum promotes the quotient
+
+
+def softmax_float64_buffer(x, axis=-1):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    out = np.empty(x.shape)   # NumPy's default dtype is float64, whatever x is
+    out[...] = e / np.sum(e, axis=axis, keepdims=True)
+    return out
+
+
 def softmax_banned(x, axis=-1):
     import torch
 
@@ -29,5 +47,7 @@ BUGS = {
     "softmax-overflow": {"softmax": softmax_overflow},
     "softmax-wrong-axis": {"softmax": softmax_wrong_axis},
     "softmax-global-max": {"softmax": softmax_global_max},
+    "dtype-not-preserved": [{"softmax": softmax_float64_out}, {"softmax": softmax_float64_sum},
+                            {"softmax": softmax_float64_buffer}],
     "banned-api": {"softmax": softmax_banned},
 }

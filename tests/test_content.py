@@ -48,6 +48,8 @@ def test_bug_oracle_is_caught_with_its_own_diagnosis(slug, name, grade_at_seeds)
     for seed, result in zip(SEEDS, results):
         assert result["status"] == "failed", f"seed {seed}"
         assert code_of(name) in result["diagnoses"], f"seed {seed}: {result['diagnoses']}"
+        # ... and no other code's explanation: that would be a wrong diagnosis of this one mistake.
+        assert set(result["diagnoses"]) <= {code_of(name), TAMPERING}, f"seed {seed}: {result['diagnoses']}"
         assert result["score"] < result["max_score"], f"seed {seed}"
     assert uneven(results, SEEDS) == {}
     assert len({r["score"] for r in results}) == 1   # so the same grade at every seed

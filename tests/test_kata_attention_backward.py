@@ -187,6 +187,12 @@ def test_the_scale_missing_from_dq_is_named(grade_source):
     assert result["diagnoses"] == ["missing-scale-in-grad"]
 
 
+def test_the_scale_missing_from_dk_alone_is_named(grade_source):
+    result = grade_source("attention-backward", SOLUTION.replace("dk = datt.mT @ q * scale", "dk = datt.mT @ q"))
+    assert failed(result)["matches-autograd"] == "missing-scale-in-grad"
+    assert result["diagnoses"] == ["missing-scale-in-grad"]
+
+
 def test_dk_and_dq_returned_swapped_are_named_by_values_and_by_shape(grade_source):
     result = grade_source("attention-backward", SOLUTION.replace("return dq, dk, dv", "return dk, dq, dv"))
     checks = checks_by_id(result)
@@ -222,6 +228,15 @@ def test_an_unmasked_softmax_in_ds_leaks_into_the_future(grade_source):
     checks = checks_by_id(result)
     assert checks["causal-no-grad-from-future"]["diagnosis"] == "causal-grad-leak"
     assert "keys 3..6" in checks["causal-no-grad-from-future"]["message"]
+    assert failed_public(result) == {"causal-matches": "causal-grad-leak", "causal-no-grad-from-future": "causal-grad-leak"}
+
+
+def test_an_unmasked_softmax_in_dv_alone_leaks_into_the_future(grade_source):
+    # ds, dq and dk from the masked weights, dv from the plain softmax: only dv and the values leak.
+    source = SOLUTION.replace("    dv = probs.mT @ do\n", "    dv = torch.softmax(q @ k.mT * scale, dim=-1).mT @ do\n")
+    result = grade_source("attention-backward", source)
+    checks = checks_by_id(result)
+    assert "dv of keys 3..6" in checks["causal-no-grad-from-future"]["message"]
     assert failed_public(result) == {"causal-matches": "causal-grad-leak", "causal-no-grad-from-future": "causal-grad-leak"}
 
 

@@ -145,8 +145,8 @@ def test_an_attn_mask_read_as_nn_multiheadattention_reads_it_fails_only_the_valu
 
 def test_scale_by_d_model_is_named(grade_source):
     result = grade_source("cross-attention", SOLUTION.replace("math.sqrt(self.d_k)", "math.sqrt(C)"))
-    assert failed(result) == {"matches-torch-mha": "scale-by-d-model",
-                              "self-attention-special-case": "scale-by-d-model"}
+    assert failed(result) == {"matches-torch-mha": "scale-by-d-model", "self-attention-special-case": None}
+    assert checks_by_id(result)["self-attention-special-case"]["same_cause_as"] == "matches-torch-mha"
 
 
 def test_squeezed_weights_fail_only_on_a_single_query(grade_source):
@@ -157,13 +157,13 @@ def test_squeezed_weights_fail_only_on_a_single_query(grade_source):
     assert "shape (3, 3, 7)" in checks_by_id(result)["cross-shapes"]["message"]
 
 
-def test_keys_and_values_from_the_query_are_named_by_their_shape(grade_source):
+def test_keys_and_values_from_the_query_are_named(grade_source):
     source = SOLUTION.replace("self.k_proj(key).view(B, Tk", "self.k_proj(query).view(B, Tq").replace(
         "self.v_proj(value).view(B, Tk", "self.v_proj(query).view(B, Tq")
     result = grade_source("cross-attention", source)
     checks = checks_by_id(result)
-    assert checks["cross-shapes"]["diagnosis"] == "kv-from-query"
-    assert "shape (2, 4, 25, 25)" in checks["cross-shapes"]["message"]
+    assert checks["matches-torch-mha"]["diagnosis"] == "kv-from-query"
+    assert checks["cross-shapes"]["same_cause_as"] == "matches-torch-mha"   # the same (Tq, Tq) weights
     assert checks["cost-linear-in-tk"]["diagnosis"] == "kv-from-query"
     assert checks["self-attention-special-case"]["status"] == "passed"   # key = query: the bug cannot show
 
@@ -184,8 +184,11 @@ def test_padding_along_the_queries_is_named_even_filled_with_a_large_negative(gr
                               "att.masked_fill(key_padding_mask.view(B, 1, Tk, 1) == 0, -1e9)")
     result = grade_source("cross-attention", source)
     checks = checks_by_id(result)
+    # matches-torch-mha fails unnamed (the mask does not broadcast where Tq != Tk): the padding
+    # check, which builds on cross-shapes alone, names the bug.
+    assert checks["matches-torch-mha"]["diagnosis"] is None
     assert checks["padding-keys-get-zero"]["diagnosis"] == "padding-on-queries"
-    assert checks["self-attention-special-case"]["diagnosis"] == "padding-on-queries"
+    assert checks["self-attention-special-case"]["same_cause_as"] == "matches-torch-mha"
     assert result["diagnoses"] == ["padding-on-queries"]
 
 
@@ -194,7 +197,7 @@ def test_an_inverted_padding_mask_is_named(grade_source):
     result = grade_source("cross-attention", source)
     assert failed(result) == {"matches-torch-mha": "padding-mask-inverted",
                               "padding-keys-get-zero": "padding-mask-inverted",
-                              "self-attention-special-case": "padding-mask-inverted"}
+                              "self-attention-special-case": None}
 
 
 def test_equal_lengths_taken_for_decoder_self_attention_fail_only_the_self_attention_check(grade_source):
@@ -213,9 +216,45 @@ def test_a_causal_mask_in_cross_attention_is_named(grade_source):
         att = att.softmax(dim=-1)''')
     result = grade_source("cross-attention", source)
     checks = checks_by_id(result)
-    assert checks["no-causal-by-default"]["diagnosis"] == "causal-in-cross"
-    assert "every decoder token may read the whole source" in checks["no-causal-by-default"]["message"]
+    assert checks["matches-torch-mha"]["diagnosis"] == "causal-in-cross"
+    assert checks["no-causal-by-default"]["same_cause_as"] == "matches-torch-mha"
     assert result["diagnoses"] == ["causal-in-cross"]
+
+
+def test_weights_averaged_over_the_heads_are_named_once(grade_source):
+    # nn.MultiheadAttention's default, average_attn_weights=True: right output, (B, Tq, Tk) weights.
+    result = grade_source("cross-attention", SOLUTION.replace("reshape(B, Tq, C)), att", "reshape(B, Tq, C)), "
+                                                              "att.mean(dim=1)"))
+    checks = checks_by_id(result)
+    assert failed(result) == {"matches-torch-mha": "heads-averaged", "cross-shapes": None,
+                              "padding-keys-get-zero": None, "self-attention-special-case": None,
+                              "no-causal-by-default": None}
+    assert "shape (2, 5, 7)" in checks["matches-torch-mha"]["message"]
+    assert {c: checks[c]["same_cause_as"] for c in failed(result) if c != "matches-torch-mha"} == {
+        "cross-shapes": "matches-torch-mha", "padding-keys-get-zero": "cross-shapes",
+        "self-attention-special-case": "matches-torch-mha", "no-causal-by-default": "matches-torch-mha"}
+    assert result["diagnoses"] == ["heads-averaged"]
+
+
+def test_weights_left_in_float32_fail_on_their_dtype_and_say_so_once(grade_source):
+    # fairseq's way: the softmax in float32, only the weights applied to V cast back; the
+    # weights returned stay float32 for float64 input.
+    source = HF_BART.replace(
+        "attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)\n"
+        "        attn_output = torch.matmul(attn_weights, value_states)",
+        "attn_weights_float = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32)\n"
+        "        attn_output = torch.matmul(attn_weights_float.to(query.dtype), value_states)")
+    source = source.replace("return self.out_proj(attn_output), attn_weights",
+                            "return self.out_proj(attn_output), attn_weights_float")
+    result = grade_source("cross-attention", source)
+    checks = checks_by_id(result)
+    assert failed(result) == {"matches-torch-mha": None, "cross-shapes": None, "padding-keys-get-zero": None,
+                              "self-attention-special-case": None, "no-causal-by-default": None}
+    message = checks["matches-torch-mha"]["message"]
+    assert message.startswith("The weights have the wrong dtype: forward returns the output and the weights in "
+                              "the input's dtype, float64 here. A softmax computed in float32 inside is cast back")
+    assert "got: float32" in message and "expected: float64" in message
+    assert all(checks[c]["same_cause_as"] for c in failed(result) if c != "matches-torch-mha")
 
 
 def test_one_self_attention_over_target_and_source_fails_only_the_cost_check(grade_source):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import checks_by_id
 from graders.engine.worker import _recorder
 from graders.flash_tiling import (SKIP_CASES, inputs, logsumexp, product, score_entries, sdpa, tiles_needed,
                                   trusted_entries)
@@ -78,6 +79,46 @@ def flash_attention(q, k, v, block_q=64, block_k=64, causal=False):
             m = m2
         out[:, :, i:i + 1] = o / l[..., None]
         lse[:, :, i] = (m + torch.log(l))[..., 0]
+    return out, lse
+'''
+
+
+# The reference's loops as while loops, and no argument checks: with block_q = 0 the query loop
+# never moves on (range() would have raised ValueError by itself).
+WHILE = '''
+import math
+import torch
+
+
+def flash_attention(q, k, v, block_q=64, block_k=64, causal=False):
+    B, H, Tq, hd = q.shape
+    Tk = k.shape[-2]
+    offset = Tk - Tq
+    out, lse = torch.empty_like(q), q.new_empty(B, H, Tq)
+    i0 = 0
+    while i0 < Tq:
+        i1 = min(i0 + block_q, Tq)
+        qi = q[:, :, i0:i1] / math.sqrt(hd)
+        m = q.new_full((B, H, i1 - i0), -math.inf)
+        l, acc = q.new_zeros(B, H, i1 - i0), q.new_zeros(B, H, i1 - i0, hd)
+        end = offset + i1 if causal else Tk
+        j0 = 0
+        while j0 < end:
+            j1 = min(j0 + block_k, Tk)
+            s = qi @ k[:, :, j0:j1].transpose(-2, -1)
+            if causal:
+                rows = offset + torch.arange(i0, i1)
+                s = s.masked_fill(torch.arange(j0, j1)[None, :] > rows[:, None], -math.inf)
+            m_new = torch.maximum(m, s.amax(-1))
+            p = torch.exp(s - m_new[..., None])
+            alpha = torch.exp(m - m_new)
+            l = alpha * l + p.sum(-1)
+            acc = alpha[..., None] * acc + p @ v[:, :, j0:j1]
+            m = m_new
+            j0 = j1
+        out[:, :, i0:i1] = acc / l[..., None]
+        lse[:, :, i0:i1] = m + torch.log(l)
+        i0 = i1
     return out, lse
 '''
 
@@ -176,15 +217,22 @@ def test_each_failure_path(grade_source):
         assert failed(result) == expected, (check, failed(result))
 
 
-def test_a_top_left_causal_mask_fails_where_tq_differs_from_tk(grade_source):
-    # SDPA's is_causal convention: query i sees keys 0..i, whatever Tk is.
+def test_a_top_left_causal_mask_is_named_where_tq_differs_from_tk(grade_source):
+    # SDPA's is_causal convention: query i sees keys 0..i, whatever Tk is, in the mask and in the skip.
     source = SPLIT.replace("    offset = Tk - Tq\n", "    offset = 0\n")
     got = failed(grade_source("flash-tiling", source))
     assert {"causal-matches", "lse-matches-logsumexp", "causal-skips-blocks-above-the-diagonal"} <= set(got)
     assert "matches-sdpa" not in got   # not causal
-    # It computes as many tiles as a loop that stops before the diagonal block, but other values: no
-    # diagnosis names a bug it does not have.
-    assert set(got.values()) == {None}
+    # It computes as many tiles as a loop that stops before the diagonal block, with a top-left
+    # mask's values: that is what the count check names too, never causal-block-skip-off-by-one.
+    assert set(got.values()) == {"mask-top-left-aligned"}
+    # Masked from the query's own index inside tiles that stop at the bottom-right diagonal: the same
+    # values from the right tiles, so the count checks pass.
+    source = SPLIT.replace(".triu(offset + i0 - j0 + 1)", ".triu(i0 - j0 + 1)")
+    got = failed(grade_source("flash-tiling", source))
+    assert {"causal-matches", "lse-matches-logsumexp"} <= set(got)
+    assert not {"matches-sdpa", "causal-skips-blocks-above-the-diagonal", "never-builds-the-full-scores"} & set(got)
+    assert set(got.values()) == {"mask-top-left-aligned"}
 
 
 def test_the_oracles_bugs_written_by_hand_are_named(grade_source):
@@ -195,11 +243,52 @@ def test_the_oracles_bugs_written_by_hand_are_named(grade_source):
             "acc = r * acc + torch.einsum", "acc = acc + torch.einsum").replace(
             "outs.append(acc / l)", "outs.append(acc)"),
         "lse-not-returned": SPLIT.replace("(m + torch.log(l)).squeeze(-1)", "m.squeeze(-1)"),
+        "lse-missing-max": SPLIT.replace("(m + torch.log(l)).squeeze(-1)", "torch.log(l).squeeze(-1)"),
         "causal-block-skip-off-by-one": SPLIT.replace("if causal and j0 > last:", "if causal and j0 + block_k > last + 1:"),
     }
     for code, source in cases.items():
         result = grade_source("flash-tiling", source)
         assert code in result["diagnoses"], (code, failed(result))
+
+
+# FlashAttention-1 keeps the output normalised inside the loop: (l_old * r * acc + p v) / l_new.
+FA1_UPDATE = ("            l = r * l + p.sum(-1, keepdim=True)\n"
+              "            acc = r * acc + torch.einsum(\"...qk,...kd->...qd\", p, v_blk)\n")
+
+
+def fa1(new_acc):
+    """SPLIT with the output normalised inside the key loop by ``new_acc`` (l_old is the sum before
+    this tile, l the sum after it), and not divided at the end."""
+    assert FA1_UPDATE in SPLIT
+    update = ("            l_old, l = l, r * l + p.sum(-1, keepdim=True)\n"
+              f"            acc = {new_acc}\n")
+    return SPLIT.replace(FA1_UPDATE, update).replace("outs.append(acc / l)", "outs.append(acc)")
+
+
+def test_flash_attention_1s_in_loop_normalisation_passes_with_its_correction(grade_source):
+    result = grade_source("flash-tiling", fa1('(r * l_old * acc + torch.einsum("...qk,...kd->...qd", p, v_blk)) / l'))
+    assert result["score"] == result["max_score"], failed(result)
+
+
+@pytest.mark.parametrize("new_acc", [
+    '(r * acc + torch.einsum("...qk,...kd->...qd", p, v_blk)) / l',   # without l_old
+    '(acc + torch.einsum("...qk,...kd->...qd", p, v_blk)) / l',   # without l_old * r: the whole correction
+    'r * acc + torch.einsum("...qk,...kd->...qd", p, v_blk) / l',   # only the new tile divided, by the sum so far
+], ids=["without-l-old", "without-the-correction", "new-tile-divided"])
+def test_flash_attention_1s_in_loop_normalisation_without_its_correction_is_named(grade_source, new_acc):
+    result = grade_source("flash-tiling", fa1(new_acc))
+    got = failed(result)
+    assert {"matches-sdpa", "same-for-every-tile-size"} <= set(got)
+    assert result["diagnoses"] == ["normalise-per-block"], got
+
+
+def test_a_bad_argument_that_hangs_is_told_to_be_refused(grade_source):
+    result = grade_source("flash-tiling", WHILE, timeout_s=2)   # an endless loop need not take 20 s here
+    assert failed(result) == {"rejects-bad-arguments": None}
+    check = checks_by_id(result)["rejects-bad-arguments"]
+    assert check["status"] == "failed"
+    assert "not refused" in check["message"] and "raise ValueError" in check["message"]
+    assert "block_q=0" in check["message"] and "did not finish within 2 s" in check["message"]   # the call, the cause
 
 
 def test_sdpa_for_the_output_is_banned_and_the_rest_passes(grade_source):

@@ -184,7 +184,9 @@ def test_a_float32_softmax_inside_gets_full_marks_with_a_note(grade_source):
     result = grade_source("kv-cache", source, seed=3)
     assert result["score"] == result["max_score"], failed(result)
     checks = checks_by_id(result)
-    for check in ("full-forward-matches-sdpa", "decode-equals-full-forward", "chunked-prefill-bottom-right"):
+    # Decoding is compared with the same module's full forward, float32 inside as well: there the
+    # note comes only where the two orders of summation round apart, as they do in chunks.
+    for check in ("full-forward-matches-sdpa", "chunked-prefill-bottom-right"):
         assert "float32-inside" in str(checks[check]["notes"]), check
 
 
@@ -209,6 +211,79 @@ def test_a_position_that_does_not_move_is_named(grade_source):
     assert check["diagnosis"] == "position-not-advanced"
     assert "k_all holds 0 tokens, but 2 were appended since the cache was empty" in check["message"]
     assert "position-not-advanced" in result["diagnoses"]
+
+
+def test_a_position_moved_on_by_one_is_named(grade_source):
+    """cache-grows-by-t: Llama's buffer moved on by one token per append, `pos += 1`: a prefill of t
+    tokens counts as one, and every check that decodes through the cache fails by it too."""
+    source = SOLUTION.replace("        self.pos += t\n", "        self.pos += 1\n")
+    assert source != SOLUTION
+    result = grade_source("kv-cache", source)
+    checks = checks_by_id(result)
+    check = checks["cache-grows-by-t"]
+    assert check["diagnosis"] == "position-not-advanced"
+    assert "k_all holds 1 tokens, but 2 were appended since the cache was empty" in check["message"]
+    for check in ("reset-starts-a-new-sequence", "chunked-prefill-bottom-right", "cache-holds-kv-heads",
+                  "rejects-mismatched-start-pos", "decodes-any-chunk-schedule", "two-layers-keep-separate-caches"):
+        assert checks[check]["same_cause_as"] == "cache-grows-by-t", check
+    assert checks["decode-equals-full-forward"]["status"] == "passed"   # one token at a time: 1 is t
+    assert result["diagnoses"] == ["position-not-advanced"]
+
+
+def test_a_convention_error_is_charged_once(grade_source):
+    """Unscaled scores: the full forward is wrong, and decoding, which is wrong the same way, agrees
+    with it. The checks of decoding compare the module with itself, so only the full forward fails."""
+    source = NANOGPT.replace(" * (1.0 / math.sqrt(k.size(-1)))", "")
+    assert source != NANOGPT
+    result = grade_source("kv-cache", source)
+    assert failed(result) == ["full-forward-matches-sdpa"]
+
+
+def test_a_mask_one_diagonal_too_wide_is_named(grade_source):
+    """tril(start_pos + 1): every query but the last of a chunk (or of the full forward) sees the
+    token after it; one decoded token has no key after it."""
+    source = SOLUTION.replace("allowed = torch.arange(Tk, device=x.device)[None, :] <= query_pos[:, None]",
+                              "allowed = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(start_pos + 1)")
+    assert source != SOLUTION
+    result = grade_source("kv-cache", source)
+    checks = checks_by_id(result)
+    for check in ("full-forward-matches-sdpa", "chunked-prefill-bottom-right"):
+        assert checks[check]["diagnosis"] == "causal-mask-off-by-one", check
+    assert "differ from m(x), the same module's full forward" in checks["chunked-prefill-bottom-right"]["message"]
+    for check in ("decode-equals-full-forward", "reset-starts-a-new-sequence", "cache-grows-by-t"):
+        assert checks[check]["status"] == "passed", check
+    assert result["diagnoses"] == ["causal-mask-off-by-one"]
+
+
+def test_llamas_first_square_mask_is_named_where_a_chunk_follows_the_cache(grade_source):
+    """Llama's original code: the chunk's mask (T, T), no columns for the cached keys. A prefill and
+    single tokens work; a chunk after cached tokens fails to broadcast against its (T, Tk) scores."""
+    source = SOLUTION.replace("allowed = torch.arange(Tk, device=x.device)[None, :] <= query_pos[:, None]",
+                              "allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(start_pos)")
+    assert source != SOLUTION
+    result = grade_source("kv-cache", source)
+    checks = checks_by_id(result)
+    check = checks["chunked-prefill-bottom-right"]
+    assert check["diagnosis"] == "square-chunk-mask"
+    assert "must match the size of tensor b" in check["message"] and "start_pos=4" in check["message"]
+    for check in ("full-forward-matches-sdpa", "decode-equals-full-forward", "reset-starts-a-new-sequence"):
+        assert checks[check]["status"] == "passed", check
+    assert result["diagnoses"] == ["square-chunk-mask"]
+
+
+def test_a_broadcast_error_is_square_chunk_mask_only_between_the_chunk_and_the_keys():
+    from graders.engine.failures import LearnerRaised
+    from graders.kv_cache import square_mask_raised
+
+    def raised(message):
+        return LearnerRaised(message, type_name="RuntimeError")
+
+    said = "The size of tensor a (7) must match the size of tensor b (3) at non-singleton dimension 3"
+    assert square_mask_raised(raised(said), 3, 7)
+    assert square_mask_raised(raised(said.replace("(7)", "(x)").replace("(3)", "(7)").replace("(x)", "(3)")), 3, 7)
+    assert not square_mask_raised(raised(said), 3, 8)   # other sizes: not this chunk against its keys
+    assert not square_mask_raised(raised(said), 7, 7)   # no cached keys: no column is missing
+    assert not square_mask_raised(LearnerRaised(said, type_name="ValueError"), 3, 7)
 
 
 def test_a_reset_that_keeps_the_tokens_fails_only_the_reset_check(grade_source):
@@ -250,8 +325,10 @@ def test_a_top_left_mask_is_named_when_decoding(grade_source):
     assert source != NANOGPT
     result = grade_source("kv-cache", source)
     checks = checks_by_id(result)
-    for check in ("decode-equals-full-forward", "chunked-prefill-bottom-right", "decodes-any-chunk-schedule"):
-        assert checks[check]["diagnosis"] == "cache-top-left-causal", check
+    assert checks["decode-equals-full-forward"]["diagnosis"] == "cache-top-left-causal"
+    # The chunks and any schedule fail by the same mask: said once, where single tokens fail first.
+    for check in ("chunked-prefill-bottom-right", "decodes-any-chunk-schedule"):
+        assert checks[check]["same_cause_as"] == "decode-equals-full-forward", check
     # Without a cache T == Tk: both alignments agree.
     for check in ("full-forward-matches-sdpa", "cache-grows-by-t", "cache-holds-kv-heads", "banned-api"):
         assert checks[check]["status"] == "passed", check
@@ -364,7 +441,7 @@ def test_a_buffer_sized_for_the_public_checks_fails_a_longer_hidden_schedule(gra
     result = grade_source("kv-cache", source, seed=4)
     assert failed(result) == ["decodes-any-chunk-schedule"]
     message = checks_by_id(result)["decodes-any-chunk-schedule"]["message"]
-    assert "differ from F.scaled_dot_product_attention" in message and "float64[2, 11, 24]" in message
+    assert "differ from m(x), the same module's full forward" in message and "float64[2, 11, 24]" in message
 
 
 def test_caches_sharing_class_attributes_fail_only_with_two_layers(grade_source):

@@ -116,3 +116,28 @@ def test_missing_divisibility_check_and_wrong_exception(grade_source):
         'assert d_model % n_heads == 0, "d_model must be divisible by n_heads"',
         "if d_model % n_heads:\n            raise RuntimeError('bad heads')")))
     assert "got: RuntimeError: bad heads" in checks["rejects-indivisible-heads"]["message"]
+
+
+def test_a_wrong_head_split_is_reported_by_the_value_checks_not_by_the_train_check(grade_source):
+    # A straight reshape to (B, n_heads, T, head_dim): its weights are dropped as dropout=0.25 drops
+    # them and applied to V the module's own way. train-drops-weights judges that, so it passes:
+    # the split is the value checks' finding, named there, not "return the weights after dropout".
+    source = SOLUTION.replace("t.view(B, T, self.n_head, -1).transpose(1, 2)", "t.reshape(B, self.n_head, T, -1)")
+    result = grade_source("mha", source)
+    checks = checks_by_id(result)
+    assert checks["matches-torch-mha"]["diagnosis"] == "view-without-transpose"
+    assert checks["train-drops-weights"]["status"] == "passed"
+    assert result["diagnoses"] == ["view-without-transpose"]
+
+
+def test_weights_dropped_apart_from_those_applied_to_v_fail_the_train_check(grade_source):
+    # Two dropout draws: the weights returned are dropped as they should be, but V is multiplied
+    # by another draw.
+    source = SOLUTION.replace("return self.out_proj((att @ v)", "return self.out_proj((self.drop(w) @ v)")
+    source = source.replace("att = self.drop(F.softmax(att, dim=-1))\n",
+                            "w = F.softmax(att, dim=-1)\n        att = self.drop(w)\n")
+    result = grade_source("mha", source)
+    checks = checks_by_id(result)
+    assert checks["train-drops-weights"]["status"] == "failed"
+    assert "the output is not the returned weights applied to V" in checks["train-drops-weights"]["message"]
+    assert [c for c, v in checks.items() if v["status"] != "passed"] == ["train-drops-weights"]

@@ -169,7 +169,36 @@ def test_positions_counted_from_one_fail_only_the_table_values(grade_source):
     assert failed(result) == {"sinusoidal-values"}
     check = checks_by_id(result)["sinusoidal-values"]
     assert "call: sinusoidal(64, 16)" in check["message"] and "row [0, :] = [0.8415" in check["message"]
-    assert result["diagnoses"] == []
+    assert check["diagnosis"] == "position-offset" and result["diagnoses"] == ["position-offset"]
+
+
+def test_fairseqs_padding_offset_is_position_offset(grade_source):
+    # make_positions numbers tokens from padding_idx + 1: with padding_idx = 1, row p is position p + 2.
+    result = grade_source("positional-encoding", REFERENCE.replace(
+        "angle = torch.arange(T, dtype=torch.float64)", "angle = (torch.arange(T, dtype=torch.float64) + 1 + 1)"))
+    assert failed(result) == {"sinusoidal-values"}
+    assert result["diagnoses"] == ["position-offset"]
+    # An offset the kata does not name (a padding_idx of 3) is no diagnosis: no oracle is that table.
+    result = grade_source("positional-encoding", REFERENCE.replace(
+        "angle = torch.arange(T, dtype=torch.float64)", "angle = (torch.arange(T, dtype=torch.float64) + 3 + 1)"))
+    assert failed(result) == {"sinusoidal-values"} and result["diagnoses"] == []
+
+
+def test_fairseqs_whole_table_is_interleave_vs_concat(grade_source):
+    # get_embedding as published: halves, and log(10000) / (half_dim - 1).
+    source = POLAR.replace(
+        "    angle = torch.outer(torch.arange(T, dtype=torch.float64), frequencies(d))\n"
+        "    z = torch.polar(torch.ones_like(angle), angle)\n"
+        "    return torch.view_as_real(z).flip(-1).reshape(T, d).float()   # (cos, sin) -> (sin, cos)\n",
+        "    half = frequencies(d).numel()   # refuses an odd d\n"
+        "    omega = torch.exp(torch.arange(half, dtype=torch.float) * -(math.log(10000) / (half - 1)))\n"
+        "    angle = torch.arange(T, dtype=torch.float)[:, None] * omega[None, :]\n"
+        "    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)\n")
+    assert source != POLAR
+    result = grade_source("positional-encoding", source)
+    assert failed(result) == {"sinusoidal-values", "shift-identity"}
+    assert checks_by_id(result)["sinusoidal-values"]["diagnosis"] == "interleave-vs-concat"
+    assert result["diagnoses"] == ["interleave-vs-concat"]
 
 
 def test_a_missing_odd_check_fails_only_rejects_odd_d(grade_source):
@@ -282,3 +311,20 @@ def test_a_table_that_ignores_the_position_earns_no_property(grade_source):
     checks = checks_by_id(grade_source("positional-encoding", source))
     assert "same vectors" in checks["shift-identity"]["message"]
     assert "same for every offset" in checks["dot-product-depends-on-offset"]["message"]
+
+
+def test_hugging_faces_finfo_min_fill_is_the_causal_bias(grade_source):
+    # Every public ALiBi on Hugging Face's masks fills torch.finfo(dtype).min, not -inf: both give
+    # the hidden keys weight exactly 0.
+    finfo = POLAR.replace("torch.tensor(-math.inf)", "torch.tensor(torch.finfo(torch.float32).min)")
+    assert finfo != POLAR
+    result = grade_source("positional-encoding", finfo)
+    assert result["score"] == result["max_score"] == 15
+    # ... and a mistake beside it is still named.
+    result = grade_source("positional-encoding", finfo.replace("bias = -alibi_slopes", "bias = alibi_slopes"))
+    assert failed(result) == {"alibi-bias-values", "attention-with-alibi-bias"}
+    assert checks_by_id(result)["alibi-bias-values"]["diagnosis"] == "alibi-sign"
+    # Another finite fill is a number, not a hidden key: refused, and shown as the learner wrote it.
+    finite = POLAR.replace("torch.tensor(-math.inf)", "torch.tensor(-1e4)")
+    message = checks_by_id(grade_source("positional-encoding", finite))["alibi-bias-values"]["message"]
+    assert "-10000" in message

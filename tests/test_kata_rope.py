@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import checks_by_id
+from graders.engine.manifest import find
 from graders.rope import trusted, weights
 from reference.rope import RoPEAttention, apply_rope, rope_cache
 from reference.rope_bugs import Half, apply_rope_half
@@ -270,6 +271,13 @@ def test_rotated_values_are_named(grade_source):
     assert result["diagnoses"] == ["rope-on-values"]
 
 
+def test_keys_left_unrotated_fail_rotates_q_and_k_only(grade_source):
+    source = SOLUTION.replace("k = apply_rope(heads(self.k_proj(x)), cos, sin, pos)", "k = heads(self.k_proj(x))")
+    assert source != SOLUTION
+    check = checks_by_id(grade_source("rope", source))["rotates-q-and-k-only"]
+    assert check["status"] == "failed" and "The cached k is not rotated" in check["message"]
+
+
 def test_a_top_left_mask_fails_only_the_cache_checks(grade_source):
     source = SOLUTION.replace("visible = pos[:, None] >= torch.arange(start + T, device=x.device)[None, :]",
                               "visible = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril()")
@@ -286,6 +294,9 @@ def test_a_module_that_restarts_positions_is_named(grade_source):
     result = grade_source("rope", source)
     assert failed(result) == {"decode-with-cache-equals-full", "decode-in-fresh-chunks"}
     assert result["diagnoses"] == ["rope-positions-ignored"]
+    # The hidden check is a fresh draw of the visible one's property: one cause, said once.
+    hidden = checks_by_id(result)["decode-in-fresh-chunks"]
+    assert hidden["same_cause_as"] == "decode-with-cache-equals-full" and hidden["diagnosis"] is None
 
 
 def test_sdpa_is_banned(grade_source):
@@ -304,9 +315,57 @@ def test_a_wrong_exponent_is_named_and_a_wrong_rotation_fails_the_hidden_check(g
     result = grade_source("rope", source)
     checks = checks_by_id(result)
     assert checks["rope-cache-values"]["diagnosis"] == "rope-base-exponent"
-    assert checks["decode-in-fresh-chunks"]["diagnosis"] == "rope-base-exponent"
+    assert checks["matches-reference"]["diagnosis"] == "rope-base-exponent"
     assert checks["apply-rope-at-fresh-positions"]["status"] == "passed"   # it is handed the reference's cache
+    # Its chunks equal its own forward: the decode checks judge the cache, not the angles again.
+    assert checks["decode-with-cache-equals-full"]["status"] == checks["decode-in-fresh-chunks"]["status"] == "passed"
+    assert checks["rotates-q-and-k-only"]["status"] == "passed"
     body = '''    c, s = cos[positions].to(x.dtype), sin[positions].to(x.dtype)
     a, b = x[..., 0::2], x[..., 1::2]
     return torch.stack([a * c - b * s, a * s - b * c], dim=-1).flatten(-2)'''
     assert checks_by_id(grade_source("rope", with_apply(body)))["apply-rope-at-fresh-positions"]["status"] == "failed"
+
+
+def test_the_exponent_doubled_is_named(grade_source):
+    # 2·(2i)/head_dim: the 2 of the paper's 2i/d written in again beside arange(0, head_dim, 2).
+    source = SOLUTION.replace("inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)",
+                              "inv_freq = base ** (-2 * torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)")
+    result = grade_source("rope", source)
+    assert checks_by_id(result)["rope-cache-values"]["diagnosis"] == "rope-base-exponent"
+    assert result["diagnoses"] == ["rope-base-exponent"]
+
+
+def test_the_other_pairing_is_charged_where_it_is_judged_not_by_the_decode_checks(grade_source):
+    # rotate_half in a module that decodes consistently: its chunks equal its own full forward.
+    body = '''    c = torch.cat([cos[positions]] * 2, dim=-1).to(x.dtype)
+    s = torch.cat([sin[positions]] * 2, dim=-1).to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * c + torch.cat([-x2, x1], dim=-1) * s'''
+    result = grade_source("rope", with_apply(body))
+    checks = checks_by_id(result)
+    assert checks["matches-reference"]["diagnosis"] == "rope-half-vs-interleaved"
+    assert checks["decode-with-cache-equals-full"]["status"] == checks["decode-in-fresh-chunks"]["status"] == "passed"
+    assert checks["rotates-q-and-k-only"]["status"] == "passed"   # its keys are rotated, by other pairs
+    assert checks["apply-rope-at-fresh-positions"]["same_cause_as"] == "apply-rope-matches-at-arbitrary-positions"
+
+
+def test_the_hints_float32_buffer_gets_full_marks_without_a_float32_note(grade_source):
+    # rope_cache(max_len, head_dim, base) at its float32 default, in buffers, as the hint builds it:
+    # the grader's .to(float64) keeps float32 values, which is no float32 computation of the learner's.
+    reference = find("rope").reference_path.read_text()
+    source = reference.replace("rope_cache(max_len, self.head_dim, base, dtype=torch.float64)",
+                               "rope_cache(max_len, self.head_dim, base)")
+    assert source != reference
+    result = grade_source("rope", source)
+    assert result["score"] == result["max_score"]
+    assert [c["id"] for c in result["checks"] if c.get("notes")] == []
+    # Angles computed in float32 in every forward (Hugging Face's float32 inv_freq) do get the note.
+    float32 = SOLUTION.replace("cos, sin = rope_cache(start + T, self.hd, self.base, dtype=x.dtype)",
+                               "cos, sin = rope_cache(start + T, self.hd, self.base)")
+    float32 = float32.replace(
+        "inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)\n"
+        "    angles = torch.arange(T, dtype=torch.float64)",
+        "inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)\n"
+        "    angles = torch.arange(T, dtype=torch.float32)")
+    checks = checks_by_id(grade_source("rope", float32))
+    assert "float32-inside" in checks["matches-reference"]["notes"]

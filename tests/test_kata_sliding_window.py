@@ -215,6 +215,67 @@ class RollingKVCache:
     assert result["diagnoses"] == ["rolling-buffer-order"]
 
 
+WRITES_FIRST = '''
+
+class RollingKVCache:
+    def __init__(self, window):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window, self.n, self.k, self.v = window, 0, None, None
+
+    def __len__(self):
+        return self.n
+
+    def append(self, k, v):
+        B, H, t, hd = k.shape
+        if self.k is None:
+            self.k = k.new_zeros(B, H, self.window, hd)
+            self.v = v.new_zeros(B, H, self.window, v.shape[-1])
+        for i in range(max(t - self.window, 0), t):   # the chunk written first
+            self.k[:, :, (self.n + i) % self.window] = k[:, :, i]
+            self.v[:, :, (self.n + i) % self.window] = v[:, :, i]
+        n = min(self.n, self.window - 1)
+        slots = torch.arange(self.n - n, self.n) % self.window   # then read: oldest first, but overwritten
+        self.n += t
+        return torch.cat([self.k[:, :, slots], k], dim=2), torch.cat([self.v[:, :, slots], v], dim=2)
+'''
+
+
+def test_a_chunk_written_before_the_window_is_read_is_rolling_buffer_overwritten(grade_source):
+    """Not rolling-buffer-order, whose fix (read oldest first) this file does already: the window
+    holds chunk tokens twice and misses the ones they overwrote. One token at a time is right."""
+    source = SOLUTION[:SOLUTION.index("class RollingKVCache:")] + WRITES_FIRST.lstrip()
+    result = grade_source("sliding-window", source)
+    checks = checks_by_id(result)
+    for check in ("rolling-buffer-returns-window", "rolling-buffer-equals-full-window", "fresh-rolling-decode"):
+        assert checks[check]["diagnosis"] == "rolling-buffer-overwritten", check
+    assert failing(result) == {"rolling-buffer-returns-window", "rolling-buffer-equals-full-window",
+                               "fresh-rolling-decode"}
+    assert result["diagnoses"] == ["rolling-buffer-overwritten"]
+
+
+def test_the_window_fallbacks_name_only_their_own_property():
+    """Without an oracle's exact window, rolling-buffer-order needs the right tokens in another order,
+    and rolling-buffer-overwritten chunk tokens before the chunk; any other wrong window is named by
+    neither."""
+    from graders.sliding_window import window_diagnosis
+    rng = np.random.default_rng(3)
+    k = torch.from_numpy(rng.standard_normal((2, 3, 12, 4)))
+    a, b, window = 8, 10, 4   # a chunk of 2 after 8 tokens: its queries may see tokens 5..9
+
+    def named(*positions):
+        return window_diagnosis(k[..., list(positions), :], k, a, b, window)
+
+    assert named(5, 6, 7, 8, 9) is None   # the right window
+    assert named(6, 5, 7, 8, 9) == "rolling-buffer-order"
+    assert named(9, 8, 7, 6, 5) == "rolling-buffer-order"
+    assert named(9, 6, 7, 8, 9) == "rolling-buffer-overwritten"   # slot 1 read after token 9 took it
+    assert named(6, 7, 8, 8, 9) == "rolling-buffer-overwritten"   # the chunk stored, then the last 3 read
+    assert named(5, 6, 6, 8, 9) is None   # an old token twice: not the chunk written first
+    assert named(4, 5, 6, 8, 9) is None   # the window one token early
+    assert named(6, 7, 8, 9) is None      # too short, and no chunk token before the chunk
+
+
 def test_chunks_that_get_only_the_last_window_fail_the_decode_check(grade_source):
     # The last `window` tokens suit one new token; a chunk's first query loses t_new - 1 of its keys.
     source = replace(SOLUTION, "start = max(self.k.shape[2] - (self.window - 1), 0)",

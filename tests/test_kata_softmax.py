@@ -90,3 +90,26 @@ def softmax(x, axis=-1):
     assert checks["banned-api"]["status"] == "failed" and checks["banned-api"]["diagnosis"] == "banned-api"
     assert checks["matches-reference"]["status"] == "passed"
 
+
+
+def test_float64_for_float32_input_fails_only_the_dtype_check_and_is_named_there(grade_source):
+    # np.asarray(x, dtype=float): right values, float64 whatever comes in. The value checks judge
+    # the values within float32's tolerance; the dtype is one failure, named.
+    source = LSE.replace("    m = np.max(", "    x = np.asarray(x, dtype=float)\n    m = np.max(")
+    result = grade_source("softmax", source)
+    checks = checks_by_id(result)
+    assert {c["id"]: c["diagnosis"] for c in result["checks"] if c["status"] != "passed"} == {
+        "dtype-preserved": "dtype-not-preserved"}
+    assert "got: float64" in checks["dtype-preserved"]["message"]
+    assert result["score"] == result["max_score"] - 1
+
+
+def test_float32_for_float64_input_is_no_dtype_not_preserved(grade_source):
+    # The other way round the values lose float64's precision, and the diagnosis, which names
+    # float64 coming in and staying, does not fire.
+    source = LSE.replace("    m = np.max(", "    x = x.astype(np.float32)\n    m = np.max(")
+    result = grade_source("softmax", source)
+    checks = checks_by_id(result)
+    assert checks["dtype-preserved"]["status"] == "failed" and checks["dtype-preserved"]["diagnosis"] is None
+    assert checks["matches-reference"]["status"] == "failed"
+    assert "dtype-not-preserved" not in result["diagnoses"]

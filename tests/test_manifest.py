@@ -50,6 +50,15 @@ def test_a_hint_names_the_checks_it_serves(tmp_path):
         parse(manifest(tmp_path, empty))
 
 
+def test_builds_on_names_earlier_checks(tmp_path):
+    good = GOOD.replace("\n[diagnoses.", '\n[builds_on]\nsums-to-one = ["matches-reference"]\n\n[diagnoses.', 1)
+    assert parse(manifest(tmp_path, good)).builds_on == {"sums-to-one": ("matches-reference",)}
+    later = GOOD.replace("\n[diagnoses.", '\n[builds_on]\nmatches-reference = ["sums-to-one"]\n\n[diagnoses.', 1)
+    with pytest.raises(ManifestError, match=r"builds_on\.matches-reference: 'sums-to-one' must be checks listed "
+                                            r"before 'matches-reference' in \[checks\]"):
+        parse(manifest(tmp_path, later))
+
+
 def test_future_format_is_refused(tmp_path):
     with pytest.raises(ManifestError, match="format = 2 is not supported"):
         parse(manifest(tmp_path, GOOD.replace("format = 1", "format = 2")))

@@ -14,16 +14,16 @@ def plain(text: str) -> str:
 
 
 def test_a_diagnosis_given_on_several_checks_is_explained_once(grade_source):
-    kata = find("cross-attention")
-    result = grade_source("cross-attention", (ZOO / "cross-attention" / "annotated_transformer__padding-on-queries.py")
-                          .read_text(), seed=1)
-    on = [c["id"] for c in result["checks"] if c["diagnosis"] == "padding-on-queries"]
+    # An inverted mask fails checks that judge different properties, none built on another.
+    kata = find("causal-mask")
+    result = grade_source("causal-mask", (ZOO / "causal-mask" / "nanogpt__mask-inverted.py").read_text(), seed=1)
+    on = [c["id"] for c in result["checks"] if c["diagnosis"] == "mask-inverted"]
     assert len(on) >= 2
     shown = plain(render(result, kata))
-    assert shown.count(kata.diagnoses["padding-on-queries"].explain.splitlines()[0]) == 1
-    assert shown.count(kata.diagnoses["padding-on-queries"].fix) == 1
-    assert f"diagnosis padding-on-queries  (also given on {', '.join(on[1:])})" in shown
-    assert all(f"diagnosis padding-on-queries  (explained above, at {on[0]})" in shown for _ in on[1:])
+    assert shown.count(kata.diagnoses["mask-inverted"].explain.splitlines()[0]) == 1
+    assert shown.count(kata.diagnoses["mask-inverted"].fix) == 1
+    assert f"diagnosis mask-inverted  (also given on {', '.join(on[1:])})" in shown
+    assert all(f"diagnosis mask-inverted  (explained above, at {on[0]})" in shown for _ in on[1:])
 
 
 def test_the_hidden_tag_keeps_the_names_in_one_column(grade_source):
@@ -55,3 +55,17 @@ def test_the_replay_line_names_a_file_that_is_not_the_workspaces(kata_cmd, tmp_p
     (kata_cmd.workspace / "softmax.py").write_text(scratch.read_text())
     run = kata_cmd("check", "softmax", "--seed", "5")
     assert "Replay exactly this run: kata check softmax --seed 5" in run.stdout
+
+
+def test_a_check_that_fails_with_one_it_builds_on_says_so_once(grade_source):
+    identity = "def softmax(x, axis=-1):\n    return x.copy()\n"
+    alone = {c["id"]: c for c in grade_source("softmax", identity)["checks"]}
+    assert alone["sums-to-one"]["status"] == "failed" and "Same cause" not in alone["sums-to-one"]["message"]
+    result = grade_source("softmax", identity, builds_on={"sums-to-one": ("matches-reference",)})
+    checks = {c["id"]: c for c in result["checks"]}
+    assert checks["matches-reference"]["message"] == alone["matches-reference"]["message"]
+    assert checks["sums-to-one"] == {**alone["sums-to-one"], "diagnosis": None, "same_cause_as": "matches-reference",
+                                     "duration_s": checks["sums-to-one"]["duration_s"],
+                                     "message": "Same cause as `matches-reference`, which failed first: fix that, "
+                                                "then check again."}
+    assert result["score"] == grade_source("softmax", identity)["score"]   # the score is the same

@@ -166,9 +166,14 @@ def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Findin
             code = code_of(name)
             caught = result["status"] == "failed" and code in result["diagnoses"]
             others = [d for d in result["diagnoses"] if d != code]
-            add(caught, f"bug oracle {name}: {result['status']} {result['score']:g}/{result['max_score']:g}, "
-                        f"diagnosed {code}" + (f" (also {', '.join(others)})" if others else "")
-                if caught else f"bug oracle {name}: {result['status']} with diagnoses {result['diagnoses'] or 'none'}")
+            # Another code's explanation given for this one mistake would be a wrong diagnosis
+            # (tampering excepted: the shim that loads an oracle is found in the source).
+            wrong = [d for d in others if d != TAMPERING]
+            add(caught and not wrong,
+                f"bug oracle {name}: {result['status']} {result['score']:g}/{result['max_score']:g}, "
+                f"diagnosed {code}" + (f" (also {', '.join(others)})" if others else "") if caught and not wrong else
+                f"bug oracle {name}: {result['status']}, diagnosed {', '.join(result['diagnoses']) or 'nothing'}"
+                + (f": {', '.join(wrong)} explain another mistake than {code}" if caught else ""))
 
         result = run(kata.reference_path.read_text(encoding="utf-8") + TAMPERING_PROBE)
         caught = [c["id"] for c in result["checks"] if c["diagnosis"] == TAMPERING]

@@ -22,6 +22,8 @@ Format 1, every key::
                                     # { for = [check ids or diagnosis codes], text = "..." }:
                                     # `kata hint` gives the hint for the check that failed
     [checks]                        # check id = points; ids are the grader's test names
+    [builds_on]                     # optional: check id = [earlier check ids whose failure it
+                                    # follows from]: reported as "same cause as", once
     [diagnoses.<code>]              # explain and fix: what the learner reads
     [[followups]]                   # interview follow-ups (questions.py has the format)
 """
@@ -86,6 +88,7 @@ class Kata:
     tolerances: dict = field(default_factory=dict)
     tasks: tuple[Task, ...] = ()
     checks: dict = field(default_factory=dict)
+    builds_on: dict = field(default_factory=dict)
     diagnoses: dict = field(default_factory=dict)
     followups: tuple[questions.Question, ...] = ()
 
@@ -136,8 +139,8 @@ class Kata:
 
 
 _TOP = {"format", "slug", "title", "order", "framework", "summary", "banned", "timeout_s",
-        "import_timeout_s", "memory_mb", "minutes", "plots", "files", "tolerances", "tasks", "checks", "diagnoses",
-        "followups"}
+        "import_timeout_s", "memory_mb", "minutes", "plots", "files", "tolerances", "tasks", "checks", "builds_on",
+        "diagnoses", "followups"}
 _REQUIRED = ("format", "slug", "title", "order", "framework", "tasks", "checks")
 
 
@@ -205,6 +208,16 @@ def parse(path: Path) -> Kata:
     if not checks:
         _fail(path, "[checks] must give points to at least one check.")
 
+    builds_on = {}
+    order = list(checks)
+    for check, earlier in data.get("builds_on", {}).items():
+        earlier = _strings(path, f"builds_on.{check}", earlier)
+        late = [e for e in earlier if e not in checks or check not in checks or order.index(e) >= order.index(check)]
+        if late:
+            _fail(path, f"builds_on.{check}: {', '.join(map(repr, late))} must be checks listed before {check!r} "
+                        "in [checks].")
+        builds_on[check] = earlier
+
     diagnoses = {}
     for code, entry in data.get("diagnoses", {}).items():
         _keys(path, f"[diagnoses.{code}]", entry, {"explain", "fix"}, ("explain", "fix"))
@@ -262,6 +275,7 @@ def parse(path: Path) -> Kata:
         tolerances=tolerances,
         tasks=tuple(tasks),
         checks=checks,
+        builds_on=builds_on,
         diagnoses=diagnoses,
         followups=tuple(followups),
     )

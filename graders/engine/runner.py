@@ -161,11 +161,26 @@ def _grade(kata: Kata, file: Path, seeds: list[tuple[int, int | None]], *, devic
     return [_result(kata, file, grading, resolved, info) for grading in gradings]
 
 
+def _one_cause(kata: Kata, checks: list[dict]) -> list[dict]:
+    """A check that failed where a check it builds on (the manifest's [builds_on]) failed too
+    says so in one line, instead of its own advice, which would name that cause again or a wrong
+    one; it still scores 0."""
+    failed = {c["id"] for c in checks if c["status"] in ("failed", "error") and not c.get("not_started")}
+    said = []
+    for check in checks:
+        cause = next((c for c in kata.builds_on.get(check["id"], ()) if c in failed), None)
+        if cause and check["id"] in failed:
+            check = {**check, "message": f"Same cause as `{cause}`, which failed first: fix that, then check "
+                                         "again.", "diagnosis": None, "same_cause_as": cause}
+        said.append(check)
+    return said
+
+
 def _result(kata: Kata, file: Path, grading: Grading, device: str, info: dict | None) -> dict:
     reports = grading.reports
     if info is not None:
         reports.update({cid: bundle.hidden_report(cid, name) for cid, name in info["hidden"].items()})
-    checks = [reports[cid] for cid in kata.checks]
+    checks = _one_cause(kata, [reports[cid] for cid in kata.checks])
     sandbox = grading.sandbox
     return {
         "kata": kata.slug,

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import SEEDS, uneven
 from graders.engine.manifest import find, katas
+from graders.engine.structure import TAMPERING
 
 ZOO = Path(__file__).parent
 FILES = sorted(p for p in ZOO.glob("*/*.py"))
@@ -39,6 +40,7 @@ def test_bug_gets_its_diagnosis(path, grade_at_seeds):
     for seed, result in zip(SEEDS, results):
         assert result["status"] == "failed", f"seed {seed}"
         assert code in result["diagnoses"], f"seed {seed}: {result['diagnoses']}"
+        assert set(result["diagnoses"]) <= {code, TAMPERING}, f"seed {seed}: a wrong diagnosis too: {result['diagnoses']}"
     assert uneven(results, SEEDS) == {}
     assert len({r["score"] for r in results}) == 1   # so the same grade at every seed
 

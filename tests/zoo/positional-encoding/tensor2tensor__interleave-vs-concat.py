@@ -1,5 +1,7 @@
-"""tensor2tensor's get_timing_signal_1d as published: `tf.concat([tf.sin(scaled_time), tf.cos(scaled_time)],
-axis=1)`, all the sines and then all the cosines, where the kata interleaves the pairs."""
+"""tensor2tensor's get_timing_signal_1d with its published layout: `tf.concat([tf.sin(scaled_time),
+tf.cos(scaled_time)], axis=1)`, all the sines and then all the cosines, where the kata interleaves
+the pairs. The increment is the paper's log(10000) / num_timescales (the published code divides by
+num_timescales - 1; fairseq__interleave-vs-concat has both), so the layout is the one mistake."""
 import math
 
 import torch
