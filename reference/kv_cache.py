@@ -26,6 +26,10 @@ class KVCache:
             self.k, self.v = k, v
         else:
             # time is axis 2 of (B, Hkv, T, hd): the new tokens go after the old ones there.
+            # torch.cat allocates a new tensor and copies the whole cache at every append: O(T²)
+            # bytes copied over a generation, and a shape that changes each step (no CUDA graphs).
+            # Meta's Llama, gpt-fast and Hugging Face's StaticCache preallocate (B, Hkv, max_len, hd)
+            # and write the new tokens at [pos:pos + t_new]; cat keeps this reference short.
             self.k = torch.cat([self.k, k], dim=2)   # (B, Hkv, t_old + t_new, hd)
             self.v = torch.cat([self.v, v], dim=2)   # (B, Hkv, t_old + t_new, hd)
         return self.k, self.v
@@ -82,6 +86,10 @@ class GroupedQueryAttention(nn.Module):
             # cached before the repeat: n_kv_heads heads per token, what GQA saves.
             k, v = cache.append(k, v)   # (B, Hkv, Tk, hd), Tk = start_pos + T
         Tk = k.shape[2]
+        # repeat_interleave copies the whole cache n_rep times at every step: caching the KV heads
+        # saves capacity, not the bytes read here. SDPA with enable_gqa=True, or the groups folded
+        # into the query axis (q.reshape(B, Hkv, n_rep * T, hd) @ k.transpose(-2, -1), the mask
+        # tiled n_rep times down the rows), reads each cached head once, with no copy.
         k = k.repeat_interleave(self.n_rep, dim=1)   # (B, H, Tk, hd): query head j reads KV head j // n_rep
         v = v.repeat_interleave(self.n_rep, dim=1)   # (B, H, Tk, hd)
         att = (q @ k.transpose(-2, -1)) * self.scale   # (B, H, T, Tk)

@@ -1,6 +1,6 @@
 """Rotary position embeddings (RoPE) and a causal attention that uses them.
 
-This kit pairs dimensions the way the RoFormer paper and Meta's original Llama code do: pair i is
+This kata pairs dimensions the way the RoFormer paper and Meta's original Llama code do: pair i is
 ``(x[2i], x[2i+1])``, turned by the angle ``p * theta_i`` at position p, ``theta_i = base^(-2i/head_dim)``.
 """
 import math

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from conftest import SEEDS, uneven
-from graders.authoring.lint import check_api, check_citations, check_hints
+from graders.authoring.lint import check_api, check_checks_table, check_citations, check_hints, check_learner_words
 from graders.engine.manifest import find, katas
 from graders.engine.oracles import Bugs, code_of
 from graders.engine.structure import TAMPERING, TAMPERING_PROBE
@@ -100,6 +100,48 @@ def test_lint_refuses_a_check_no_hint_serves():
 def test_files_cite_only_what_ships(slug):
     ok, what = check_citations(find(slug))
     assert ok, what
+
+
+@pytest.mark.parametrize("slug", KATAS)
+def test_what_a_learner_reads_speaks_to_the_learner(slug):
+    ok, what = check_learner_words(find(slug))
+    assert ok, what
+
+
+@pytest.mark.parametrize("where, text", [
+    ("README.md", "\n**Decided here, where the issue is silent:** rows of zeros.\n"),
+    ("stub.py", "\n# Checked against an oracle nobody here wrote.\n"),
+    ("kata.toml", '\n[[followups]]\nid = "x"\nkind = "choice"\nquestion = "As issue 27 asks?"\n'
+                  'options = ["a", "b", "c"]\nanswer = 1\nexplain = "x"\n'),
+])
+def test_words_of_the_kits_making_are_found(tmp_path, where, text):
+    kata = find("softmax")
+    shutil.copytree(kata.dir, tmp_path / "softmax")
+    path = tmp_path / "softmax" / where
+    path.write_text(path.read_text() + text)
+    ok, what = check_learner_words(dataclasses.replace(kata, dir=tmp_path / "softmax"))
+    assert not ok and what.startswith(f"{where} says"), what
+
+
+@pytest.mark.parametrize("slug", KATAS)
+def test_the_readme_lists_every_check_and_marks_the_hidden_ones(slug):
+    ok, what = check_checks_table(find(slug))
+    assert ok, what
+
+
+@pytest.mark.parametrize("row, change, says", [
+    ("| hidden: sums to 1 along `axis` | 1 |", "| sums to 1 along `axis` | 1 |", "rows marked hidden: 0"),
+    ("| no library softmax | 1 |", "| no library softmax | 2 |", "points"),
+    ("| no library softmax | 1 |", "", "points"),
+])
+def test_a_checks_table_out_of_step_with_the_manifest_is_found(tmp_path, row, change, says):
+    kata = find("softmax")
+    shutil.copytree(kata.dir, tmp_path / "softmax")
+    readme = tmp_path / "softmax" / "README.md"
+    assert row in readme.read_text()
+    readme.write_text(readme.read_text().replace(row + "\n", change + "\n" if change else ""))
+    ok, what = check_checks_table(dataclasses.replace(kata, dir=tmp_path / "softmax"))
+    assert not ok and what.startswith("README checks table: " + says), what
 
 
 def test_a_citation_of_the_authors_pages_is_found(tmp_path):

@@ -267,3 +267,58 @@ def test_the_katas_beyond_the_material_run_to_a_scorecard(tmp_path, slugs):
     card = history(tmp_path)[-1]
     assert [c["kata"] for c in card["coding"]] == list(slugs)
     assert card["status"] == "completed" and card["followups_right"] == len(p.questions)
+
+
+# The follow-ups written for the topics the content review found missing (one kata at least each).
+REVIEW_FOLLOWUPS = {
+    "softmax": ["log-softmax", "upcast-to-float32"],
+    "scaling-variance": ["logit-growth"],
+    "causal-mask": ["fp16-mask-fill", "document-mask-pairs"],
+    "split-heads": ["checkpoint-layouts"],
+    "mha": ["llama-attention"],
+    "mha-by-loop": ["sum-over-heads"],
+    "gqa": ["decode-intensity"],
+    "flops-memory": ["decoupled-head-dim-params", "decode-step-time", "decode-crossover-batch",
+                     "training-flops-per-token", "activation-memory"],
+    "cross-attention": ["cached-cross-kv", "cross-cache-bytes", "vlm-cross-vs-fusion"],
+    "positional-encoding": ["learned-positions", "t5-relative-buckets", "embedding-scale"],
+    "kv-cache": ["cat-copy-bytes", "paged-blocks"],
+    "flash-tiling": ["io-complexity", "fa1-vs-fa2-loops", "split-kv-merge"],
+    "rope": ["pi-angle", "llama31-scaling", "partial-rotary"],
+    "attention-backward": ["delta-rowsum", "train-matmul-flops", "backward-loop-order"],
+    "sliding-window": ["interleaved-cache-bytes", "global-tokens"],
+}
+
+
+def seeds_asking(kata, wanted: list[str]) -> list[int]:
+    """Interview seeds for `--katas <kata>` whose follow-ups, together, ask every one of ``wanted``:
+    each time the seed that asks the most of those not yet asked."""
+    asked_at = {seed: {a.question.id for a in plan(manifest.katas(), seed=seed, chosen=[kata]).questions}
+                for seed in range(500)}
+    seeds, left = [], set(wanted)
+    while left:
+        seed = max(asked_at, key=lambda s: len(left & asked_at[s]))
+        assert left & asked_at[seed], f"no seed asks {sorted(left)}"
+        seeds.append(seed)
+        left -= asked_at[seed]
+    return seeds
+
+
+@pytest.mark.parametrize("slug", sorted(REVIEW_FOLLOWUPS))
+def test_the_follow_ups_on_the_reviews_missing_topics_are_asked_and_graded(tmp_path, slug):
+    """`kata interview --katas <slug>` at seeds that between them ask each new follow-up, answered
+    right: each is asked, graded right, and counted in the scorecard."""
+    kata = manifest.find(slug)
+    assert set(REVIEW_FOLLOWUPS[slug]) <= {q.id for q in kata.followups}
+    asked = set()
+    for seed in seeds_asking(kata, REVIEW_FOLLOWUPS[slug]):
+        p = plan(manifest.katas(), seed=seed, chosen=[kata])
+        piped = "done\n" + "".join(answer(a, right=True) + "\n" for a in p.questions)
+        workspace = tmp_path / str(seed)
+        result = CliRunner().invoke(cli.main, ["interview", "--katas", slug, "--seed", str(seed), "-w", str(workspace)],
+                                    input=piped)
+        assert result.exit_code == 0, result.output
+        card = history(workspace)[-1]
+        assert card["status"] == "completed" and card["followups_right"] == len(p.questions), result.output
+        asked |= {a["id"] for a in card["followups"]}
+    assert set(REVIEW_FOLLOWUPS[slug]) <= asked

@@ -217,11 +217,103 @@ def _kv_cache_bytes(kv_cache, n_heads, n_kv_heads, B=1, tokens=1, head_dim=8, dt
     return cache.k.nbytes + cache.v.nbytes
 
 
+def _cat_copy_bytes(kv_cache, P, N, n_kv_heads, head_dim):
+    """Bytes the kv-cache reference's KVCache.append writes (its torch.cat outputs) over N one-token
+    appends after a prefill of P tokens, bf16, batch 1 (meta tensors: shapes only)."""
+    import torch
+
+    cache = kv_cache.KVCache()
+    cache.append(*[torch.empty(1, n_kv_heads, P, head_dim, dtype=torch.bfloat16, device="meta")] * 2)
+    token = torch.empty(1, n_kv_heads, 1, head_dim, dtype=torch.bfloat16, device="meta")
+    written = 0
+    for _ in range(N):
+        k, v = cache.append(token, token)   # each append returns the new, concatenated tensors
+        written += k.nbytes + v.nbytes
+    return written
+
+
+def _interleaved_cache_bytes(kv_cache, N, W, T):
+    """KV bytes of one sequence of T fp16 tokens in N layers, one full layer (the kv-cache
+    reference's KVCache) after every 5 sliding-window layers (the sliding-window reference's
+    RollingKVCache), 8 KV heads of head_dim 128."""
+    import torch
+
+    full = N // 6
+    window = _rolling_cache_bytes(W, 1, T, layers=N - full, heads=8, head_dim=128)
+    return window + full * _kv_cache_bytes(kv_cache, 8, 8, 1, T, 128, torch.float16)
+
+
+def _gqa_decode_intensity(H, Hkv, hd, T):
+    """FLOPs per byte of K and V for one decoded query per sequence: counted independently, the
+    scores q @ k^T and the weighted sum p @ v for every query head, over a bf16 cache of Hkv heads."""
+    flops = H * (2 * T * hd + 2 * T * hd)   # (1, hd) @ (hd, T) and (1, T) @ (T, hd), each query head
+    bytes_read = 2 * Hkv * T * hd * 2        # K and V, Hkv heads, 2 bytes per bf16 element
+    return flops / bytes_read
+
+
+def _decoupled_attention_params(D, H, Hkv, hd):
+    """Parameters of four bias-free projections with head_dim set on its own (meta Linear layers):
+    W_q d -> H·hd, W_k and W_v d -> Hkv·hd, W_o H·hd -> d."""
+    import torch
+
+    layers = [torch.nn.Linear(D, H * hd, bias=False, device="meta"),
+              torch.nn.Linear(D, Hkv * hd, bias=False, device="meta"),
+              torch.nn.Linear(D, Hkv * hd, bias=False, device="meta"),
+              torch.nn.Linear(H * hd, D, bias=False, device="meta")]
+    return sum(p.numel() for layer in layers for p in layer.parameters())
+
+
+def _decode_step_ms(N, kv, bw):
+    """Bandwidth bound of one decode step: N·10⁹ bf16 weights (bytes of a meta tensor) and kv·10⁹
+    bytes of cache, read once at bw TB/s, in milliseconds."""
+    import torch
+
+    weight_bytes = torch.empty(N * 10**9, dtype=torch.bfloat16, device="meta").nbytes
+    return (weight_bytes + kv * 10**9) / (bw * 10**12) * 1000
+
+
+def _weight_crossover_batch(fm, P, bw, b):
+    """The batch B at which a decode step's weight matmuls take as long on the arithmetic
+    (2 FLOPs per weight and token at P TFLOP/s) as on the bytes (b per weight at bw TB/s);
+    the weights of the flops-memory reference's Llama-2-70B layer, though their count cancels."""
+    N = fm.attention_params(8192, 64, 8)
+    seconds_per_unit_batch = 2 * N / (P * 10**12)     # compute time per sequence in the batch
+    memory_seconds = N * b / (bw * 10**12)              # one read of the weights
+    return memory_seconds / seconds_per_unit_batch
+
+
+def _training_flops_per_token(fm, L, d, T):
+    """6N + 3 × (forward score-matmul FLOPs per token), with N = L·(attention 4·d² from the
+    reference + an MLP of 8·d²) and the score matmuls from the reference's attention_flops
+    (batch 1, minus its four projections), per token."""
+    H = d // 128
+    N = L * (fm.attention_params(d, H) + 2 * d * 4 * d)
+    scores_forward = fm.attention_flops(1, T, d, H) - 4 * 2 * T * d * d
+    return 6 * N + 3 * L * scores_forward // T
+
+
+def _flash_forward_flops(flash_tiling, B, H, T, hd):
+    """FLOPs FlopCounterMode counts in the flash-tiling reference's forward, one tile (meta tensors)."""
+    import torch
+
+    q = torch.empty(B, H, T, hd, device="meta")
+    return _counted_flops(lambda: flash_tiling.flash_attention(q, q, q, block_q=T, block_k=T))
+
+
+def _cross_cache_bytes(cross_attention, B, Tk, d, n_heads=8):
+    """Bytes of the keys and values a decoder layer caches for cross-attention: k_proj and v_proj of the
+    source, from the reference module on meta tensors in bf16 (the generated tokens never enter them)."""
+    import torch
+    m = cross_attention.MultiHeadAttention(d, n_heads).to(device="meta", dtype=torch.bfloat16)
+    source = torch.empty(B, Tk, d, device="meta", dtype=torch.bfloat16)
+    return m.k_proj(source).nbytes + m.v_proj(source).nbytes
+
+
 def _agrees_with_the_reference():
     """Numeric questions whose answer a reference function computes too: (kata, id) -> params -> value."""
     import torch
 
-    from reference import (attention_backward, causal_mask, flash_tiling, flops_memory, kv_cache, rope,
+    from reference import (attention_backward, causal_mask, cross_attention, flash_tiling, flops_memory, kv_cache, rope,
                            scaling_variance, sliding_window, split_heads)
 
     fm = flops_memory
@@ -273,6 +365,25 @@ def _agrees_with_the_reference():
         ("flash-tiling", "causal-tiles"): lambda p: _flash_score_tiles(flash_tiling, 1, 1, p["T"], p["b"], True)[0],
         ("flash-tiling", "tile-bytes"): lambda p: _flash_score_tiles(flash_tiling, p["B"], p["H"], p["T"], p["b"],
                                                                       False)[1] * 4,
+        # A document mask for a packed row: block-diagonal, one reference causal mask per document.
+        ("causal-mask", "document-mask-pairs"): lambda p: int(torch.block_diag(
+            *[causal_mask.causal_mask(n) for n in (p["a"], p["b"], p["c"])]).sum()),
+        ("sliding-window", "interleaved-cache-bytes"): lambda p: _interleaved_cache_bytes(kv_cache, p["N"], p["W"], p["T"]),
+        ("kv-cache", "cat-copy-bytes"): lambda p: _cat_copy_bytes(kv_cache, p["P"], p["N"], p["Hkv"], p["hd"]),
+        ("kv-cache", "paged-blocks"): lambda p: -(-p["t"] // p["b"]),   # integer ceiling, no float
+        ("gqa", "decode-intensity"): lambda p: _gqa_decode_intensity(p["H"], p["Hkv"], p["hd"], p["T"]),
+        ("flops-memory", "decoupled-head-dim-params"): lambda p: _decoupled_attention_params(p["D"], p["H"], p["Hkv"], p["hd"]),
+        ("flops-memory", "decode-step-time"): lambda p: _decode_step_ms(p["N"], p["kv"], p["bw"]),
+        ("flops-memory", "decode-crossover-batch"): lambda p: _weight_crossover_batch(fm, p["P"], p["bw"], p["b"]),
+        ("flops-memory", "training-flops-per-token"): lambda p: _training_flops_per_token(fm, p["L"], p["d"], p["T"]),
+        ("rope", "pi-angle"): lambda p: p["p"] / p["s"] * rope_theta(p["hd"], 10000, p["i"]),
+        # Forward (the flash-tiling reference, one tile) plus the backward the reference counts.
+        ("attention-backward", "train-matmul-flops"): lambda p: (
+            _flash_forward_flops(flash_tiling, p["B"], p["H"], p["T"], p["hd"])
+            + _counted_flops(attention_backward.attention_backward, *[
+                torch.empty(p["B"], p["H"], p["T"], p["hd"], device="meta")] * 4)),
+        # The source's k_proj and v_proj: the generated tokens never enter them.
+        ("cross-attention", "cross-cache-bytes"): lambda p: _cross_cache_bytes(cross_attention, p["B"], p["Tk"], p["d"]),
     }
 
 

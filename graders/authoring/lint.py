@@ -1,18 +1,22 @@
 """Author checks (`kata lint`): content is checked like code.
 
 For each kata: its files exist; stub and reference define the same names with the same
-signatures and docstrings; every task has a hint; the interview follow-ups hold enough questions
-of both kinds (their manifest parse has computed every numeric answer already); every plot the
-manifest lists can be drawn; the manifest's
-diagnoses are exactly the bug oracles' codes, plus ``tampering`` where the structure checks find it;
-the reference passes with full score; the stub comes out not-started; every bug oracle fails with
-its own diagnosis code; and the reference with a tampering line added is diagnosed ``tampering``
-exactly where the manifest declares it.
+signatures and docstrings; every task has a hint and every check a hint that serves it; what a
+learner reads has no words of the kit's own making; the README's checks table is [checks], hidden
+checks marked; the interview follow-ups hold enough questions of both kinds (their manifest parse
+has computed every numeric answer already); every plot the manifest lists can be drawn; the
+manifest's diagnoses are exactly the bug oracles' codes, plus ``tampering`` where the structure
+checks find it; the reference passes with full score; the stub comes out not-started; every bug
+oracle fails with its own diagnosis code and no other; and the reference with a tampering line
+added is diagnosed ``tampering`` exactly where the manifest declares it.
 """
 from __future__ import annotations
 
 import ast
+import itertools
+import re
 import tempfile
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +90,70 @@ def check_citations(kata: Kata) -> tuple[bool, str]:
                        "; ".join(cited) + ": cite the kata's README instead, which learners have")
 
 
+# Words about how the kit was made, which a learner cannot follow: what a kata ships speaks to the
+# learner about attention only.
+KIT_WORDS = {
+    r"\bdecided here\b": "say what the convention is, not where it was decided",
+    r"\bthe issue\b|\bissue #?\d+": "the learner has no issue to read",
+    r"\bnobody here\b": "say whose code it is (torch's, SciPy's), not who did not write it",
+    r"\boracles?\b": "say what the check compares with (the reference, torch's autograd)",
+}
+
+
+def learner_texts(kata: Kata) -> dict[str, str]:
+    """What a learner reads of the kata: its README, its stub and every string of its manifest
+    (titles, hints, diagnoses, follow-ups; the manifest's comments are for authors)."""
+    def strings(value):
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for item in value.values():
+                yield from strings(item)
+        elif isinstance(value, list):
+            for item in value:
+                yield from strings(item)
+
+    manifest = tomllib.loads((kata.dir / "kata.toml").read_text(encoding="utf-8"))
+    return {kata.readme_path.name: kata.readme_path.read_text(encoding="utf-8"),
+            kata.stub_path.name: kata.stub_path.read_text(encoding="utf-8"),
+            "kata.toml": "\n".join(strings(manifest))}
+
+
+def check_learner_words(kata: Kata) -> tuple[bool, str]:
+    """No words of the kit's own making in what a learner reads (KIT_WORDS)."""
+    found = [f"{name} says {match.group(0)!r} ({why})" for name, text in learner_texts(kata).items()
+             for pattern, why in KIT_WORDS.items() for match in re.finditer(pattern, text, re.IGNORECASE)]
+    return not found, ("its texts speak to the learner only" if not found else "; ".join(found))
+
+
+def hidden_checks(kata: Kata) -> set[str]:
+    """Ids of the checks in the kata's hidden grader file (test_foo_bar is foo-bar)."""
+    path = kata.grader_path.with_name(f"{kata.module}_hidden.py")
+    if not path.exists():
+        return set()
+    return {node.name.removeprefix("test_").replace("_", "-") for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+
+
+def check_checks_table(kata: Kata) -> tuple[bool, str]:
+    """The README's checks table is the manifest's [checks]: one row per check, in order, with its
+    points, and "hidden: " at the start of exactly the hidden checks' rows."""
+    lines = kata.readme_path.read_text(encoding="utf-8").splitlines()
+    if "| check | points |" not in lines:
+        return False, "the README has no `| check | points |` table"
+    start = lines.index("| check | points |") + 2
+    rows = [line.strip("| ").rsplit("|", 1) for line in itertools.takewhile(lambda l: l.startswith("|"), lines[start:])]
+    problems = []
+    if [points.strip() for _, points in rows] != [f"{p:g}" for p in kata.checks.values()]:
+        problems.append(f"points {[p.strip() for _, p in rows]} against [checks] {list(kata.checks.values())}")
+    hidden = hidden_checks(kata)
+    marked = [i for i, (text, _) in enumerate(rows) if text.startswith("hidden:")]
+    if marked != [i for i, check in enumerate(kata.checks) if check in hidden]:
+        problems.append(f"rows marked hidden: {len(marked)}, hidden checks: {', '.join(sorted(hidden)) or 'none'}")
+    return not problems, ("the README's checks table lists every check with its points, hidden ones marked"
+                          if not problems else "README checks table: " + "; ".join(problems))
+
+
 MIN_CHOICE, MIN_NUMERIC = 3, 2
 
 
@@ -129,6 +197,8 @@ def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Findin
     ok, what = check_followups(kata)
     add(ok, what)
     add(*check_citations(kata))
+    add(*check_learner_words(kata))
+    add(*check_checks_table(kata))
     if kata.plots:
         missing = [kind for kind in kata.plots if (kata.slug, kind) not in PLOTS]
         add(not missing, f"plots {', '.join(kata.plots)} can be drawn" if not missing else
