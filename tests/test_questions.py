@@ -37,6 +37,18 @@ def test_every_kata_has_a_bank_of_both_kinds_with_computed_answers(slug):
                 assert not right and verdict.startswith(why)
 
 
+@pytest.mark.parametrize("slug", KATAS)
+def test_every_choice_question_is_asked_and_explained_as_written(slug):
+    # Choice questions have no parameters: braces in their text (e^{s − m}) are literal.
+    for q in manifest.find(slug).followups:
+        if q.kind != "choice":
+            continue
+        asked = q.draw(random.Random(0), slug)
+        assert asked.text == q.question
+        right, verdict = asked.grade(asked.expected)
+        assert right and verdict == f"Right. {q.explain}"
+
+
 def test_choice_questions_shuffle_and_grade_by_letter():
     q = manifest.find("softmax").followups[0]
     orders = {q.draw(random.Random(seed), "softmax").order for seed in range(12)}

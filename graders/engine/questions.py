@@ -150,7 +150,9 @@ class Asked:
 
     @property
     def text(self) -> str:
-        return self.question.question.format(**self.params)
+        # A choice question has no parameters: its text is literal, braces included (e^{s − m}).
+        q = self.question
+        return q.question.format(**self.params) if q.kind == "numeric" else q.question
 
     @property
     def choices(self) -> list[str]:
@@ -166,7 +168,7 @@ class Asked:
     def grade(self, given: str) -> tuple[bool, str]:
         """(right?, what to tell the learner): the verdict, the answer and the explanation."""
         q, expected = self.question, self.expected
-        explain = q.explain.format(**self.params, answer=expected)
+        explain = q.explain.format(**self.params, answer=expected) if q.kind == "numeric" else q.explain
         if q.kind == "choice":
             if letter(given) == expected:
                 return True, f"Right. {explain}"
