@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..engine.manifest import Kata
 from ..engine.oracles import Bugs, code_of
+from ..engine.plugin import hidden_grader
 from ..engine.runner import grade
 from ..engine.structure import TAMPERING, TAMPERING_PROBE
 from ..practice.plots import PLOTS
@@ -82,7 +83,7 @@ UNSHIPPED = ("KATAS.md", "DESIGN.md")
 def check_citations(kata: Kata) -> tuple[bool, str]:
     """The kata's files cite only what ships with it (its own README), never the authors' pages."""
     paths = (kata.readme_path, kata.stub_path, kata.dir / "kata.toml", kata.reference_path, kata.grader_path,
-             kata.reference_path.with_name(f"{kata.module}_bugs.py"), kata.grader_path.with_name(f"{kata.module}_hidden.py"),
+             kata.reference_path.with_name(f"{kata.module}_bugs.py"), hidden_grader(kata),
              kata.reference_path.with_name(f"{kata.module}_expected.py"))
     cited = sorted({f"{path.name} cites {page}" for path in paths if path.exists()
                     for page in UNSHIPPED if page in path.read_text(encoding="utf-8")})
@@ -128,7 +129,7 @@ def check_learner_words(kata: Kata) -> tuple[bool, str]:
 
 def hidden_checks(kata: Kata) -> set[str]:
     """Ids of the checks in the kata's hidden grader file (test_foo_bar is foo-bar)."""
-    path = kata.grader_path.with_name(f"{kata.module}_hidden.py")
+    path = hidden_grader(kata)
     if not path.exists():
         return set()
     return {node.name.removeprefix("test_").replace("_", "-") for node in ast.parse(path.read_text()).body
