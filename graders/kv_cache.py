@@ -258,6 +258,17 @@ def own_forward(m, x):
     return got.cpu()
 
 
+def decoded_afresh(learner, m, x, schedule, *, device, case):
+    """The same module decoding x in ``schedule`` with a new KVCache; None where decoding itself
+    fails (the checks of decoding say how). A sandbox failure is no answer and propagates."""
+    try:
+        return decode(learner, m, learner.KVCache(), x, schedule, device=device, case=case)
+    except SandboxFailed:
+        raise
+    except CheckFailed:
+        return None
+
+
 FULL_FORWARD = "m(x), the same module's full forward without a cache, on the same tokens"
 
 
@@ -328,12 +339,7 @@ def test_reset_starts_a_new_sequence(learner, bugs, kata, rng, device):
 
     def fresh(m, x):
         """The same module decoding x with a new KVCache: what reset() must make the old one into."""
-        try:
-            return decode(learner, m, learner.KVCache(), x, schedules[1], device=device, case=case)
-        except SandboxFailed:
-            raise
-        except CheckFailed:   # decoding itself is broken: the checks of decoding say how
-            return None
+        return decoded_afresh(learner, m, x, schedules[1], device=device, case=case)
 
     judge_decoding(learner, bugs, kata, device, m, learner.KVCache(), sd, H, Hkv, xs, schedules,
                    what="the second sequence, after cache.reset()", case=case, itself=fresh,
@@ -492,12 +498,8 @@ def test_rejects_mismatched_start_pos(learner, bugs, kata, rng, device):
     diagnose = lambda: bugs.match(got, compute, **kata.tolerance("float32"))
     # Self-consistency: the rejected calls must change nothing, so the same module decoding the
     # same tokens with a new cache must answer the same.
-    try:
-        own = decode(learner, m, learner.KVCache(), x, (P, 1), device=device, case=case)[:, P:]
-    except SandboxFailed:
-        raise
-    except CheckFailed:   # decoding itself is broken: the checks of decoding say how
-        own = None
+    own = decoded_afresh(learner, m, x, (P, 1), device=device, case=case)
+    own = None if own is None else own[:, P:]
     judge_itself(kata, got.cpu(), own, f"m(x[:, {P}:], ...) after m(x[:, :{P}], ...) with a new KVCache(), without "
                  "the rejected calls", ((sdpa_causal(sd, H, Hkv, x)[:, P:], SDPA + ", its last position"),
                                         (compute(bugs.reference), "the reference")),
