@@ -250,10 +250,12 @@ def test_the_newer_katas_run_to_a_scorecard(tmp_path):
     assert card["status"] == "completed" and card["followups_right"] == len(p.questions)
 
 
-@pytest.mark.parametrize("slugs", [("kv-cache", "flash-tiling", "rope"), ("attention-backward", "sliding-window")])
+@pytest.mark.parametrize("slugs", [("kv-cache", "flash-tiling", "rope"), ("attention-backward", "sliding-window"),
+                                   ("roofline", "paged-kv", "flash-decoding", "doc-masking")])
 def test_the_katas_beyond_the_material_run_to_a_scorecard(tmp_path, slugs):
-    """`kata interview` draws the five katas of KV caches, tiling, RoPE, backward and windows:
-    their coding tasks, then their follow-ups, to a scorecard that counts each kata's points."""
+    """`kata interview` draws the katas beyond the material (KV caches, tiling, RoPE, backward,
+    windows, and the four of serving): their coding tasks, then their follow-ups, to a scorecard
+    that counts each kata's points."""
     chosen = [manifest.find(slug) for slug in slugs]
     p = plan(manifest.katas(), seed=4, chosen=chosen)
     assert {a.kata for a in p.questions} <= set(slugs) and p.questions

@@ -7,8 +7,8 @@ import torch
 
 from conftest import checks_by_id
 from graders.engine.worker import _recorder
-from graders.flash_tiling import (SKIP_CASES, inputs, logsumexp, product, score_entries, sdpa, tiles_needed,
-                                  trusted_entries)
+from graders.engine.products import product
+from graders.flash_tiling import SKIP_CASES, inputs, logsumexp, score_entries, sdpa, tiles_needed, trusted_entries
 from reference.flash_tiling import flash_attention
 
 # torch.split into tiles and zip over them, einsum for both products, the running statistics

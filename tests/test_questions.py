@@ -208,7 +208,7 @@ def _flash_score_tiles(flash_tiling, B, H, T, b, causal):
     import torch
 
     from graders.engine.worker import _recorder
-    from graders.flash_tiling import score_tiles
+    from graders.engine.products import score_tiles
 
     q, ops = torch.empty(B, H, T, 8, device="meta"), []
     with _recorder()(ops):
@@ -321,6 +321,41 @@ def _cross_cache_bytes(cross_attention, B, Tk, d, n_heads=8):
     return m.k_proj(source).nbytes + m.v_proj(source).nbytes
 
 
+def _roofline_answers():
+    """The roofline kata's numeric questions from its reference: decode attention's FLOPs per byte at
+    any T and batch, and a decode step on an H100's bf16 peak, whose bytes decide it (its bound says so)."""
+    from reference import roofline
+
+    def step_ms(p):
+        seconds, bound = roofline.decode_step(p["N"] * 10**9, p["kvt"] * 2**20, p["T"], p["B"], p["bw"] * 10**12,
+                                              989e12, roofline.dtype_bytes("bf16"))
+        assert bound == "memory", p
+        return seconds * 1000
+
+    return {
+        ("roofline", "gqa-decode-flops-per-byte"): lambda p: roofline.attention_decode_intensity(
+            p["H"], p["Hkv"], 4096, 8, p["b"]),
+        ("roofline", "decode-step-from-kv-per-token"): step_ms,
+        ("roofline", "mfu-of-a-run"): lambda p: roofline.mfu(p["tps"], p["N"] * 10**9, p["L"], p["T"], p["d"],
+                                                            p["P"] * 10**15),
+    }
+
+
+def _doc_masking_answers():
+    """The doc-masking kata's numeric questions from its reference: the last token's position in a
+    packed row of three documents, and the pairs one document's prefix-LM mask allows."""
+    import torch
+
+    from reference import doc_masking
+
+    return {
+        ("doc-masking", "last-position-id"): lambda p: int(doc_masking.position_ids(
+            torch.tensor([0, p["a"], p["a"] + p["b"], p["a"] + p["b"] + p["c"]]))[-1]),
+        ("doc-masking", "prefix-lm-pairs"): lambda p: int(doc_masking.prefix_lm_mask(
+            torch.tensor([0, p["n"]]), torch.tensor([p["p"]])).sum()),
+    }
+
+
 def _agrees_with_the_reference():
     """Numeric questions whose answer a reference function computes too: (kata, id) -> params -> value."""
     import torch
@@ -396,7 +431,68 @@ def _agrees_with_the_reference():
                 torch.empty(p["B"], p["H"], p["T"], p["hd"], device="meta")] * 4)),
         # The source's k_proj and v_proj: the generated tokens never enter them.
         ("cross-attention", "cross-cache-bytes"): lambda p: _cross_cache_bytes(cross_attention, p["B"], p["Tk"], p["d"]),
+        **_roofline_answers(),
+        **_doc_masking_answers(),
+        **_flash_decoding_answers(),
+        **_paged_kv_answers(),
     }
+
+
+def _paged_kv_answers():
+    """paged-kv: blocks counted on the reference's own cache, built and read through its allocator."""
+    import torch
+
+    from reference import paged_kv
+
+    def blocks_held(L, b):
+        cache = paged_kv.PagedKVCache(-(-L // b), b, 1, 1)
+        cache.append(0, torch.zeros(L, 1, 1), torch.zeros(L, 1, 1))
+        return len(cache.block_table(0))
+
+    def blocks_in_use(P, b, n):
+        """A prompt of P tokens, forked so that n sequences hold it, then one token each."""
+        cache = paged_kv.PagedKVCache(-(-P // b) + n + 1, b, 1, 1)
+        cache.append(0, torch.zeros(P, 1, 1), torch.zeros(P, 1, 1))
+        for i in range(1, n):
+            cache.fork(0, i)
+        for i in range(n):
+            cache.append(i, torch.zeros(1, 1, 1), torch.zeros(1, 1, 1))
+        return cache.allocator.num_blocks - cache.allocator.num_free()
+
+    return {
+        ("paged-kv", "blocks-held"): lambda p: blocks_held(p["L"], p["b"]),
+        ("paged-kv", "forked-samples-blocks"): lambda p: blocks_in_use(p["P"], p["b"], p["n"]),
+    }
+
+
+def _flash_decoding_answers():
+    """The empty splits the reference's split_kv_decode hands partial_attention, and the weight its
+    merge_partials gives out_1 (out_1 = 1 and out_2 = 0: the merged output is that weight)."""
+    from unittest import mock
+
+    import torch
+
+    from reference import flash_decoding as fd
+
+    def empty_splits(T, n):
+        sizes = []
+        def partial(q, k, v):   # records each split's length, then attends as the reference does
+            sizes.append(k.size(-2))
+            return attend(q, k, v)
+
+        attend = fd.partial_attention
+        with mock.patch.object(fd, "partial_attention", partial):
+            fd.split_kv_decode(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, T, 1), torch.zeros(1, 1, T, 1), n)
+        return sizes.count(0)
+
+    def weight(a, b):
+        one = torch.ones(1, 1, 1, 1, dtype=torch.float64)
+        out, _ = fd.merge_partials([one, 0 * one], [torch.full((1, 1, 1), a, dtype=torch.float64),
+                                                    torch.full((1, 1, 1), b, dtype=torch.float64)])
+        return float(out)
+
+    return {("flash-decoding", "empty-splits"): lambda p: empty_splits(p["T"], p["n"]),
+            ("flash-decoding", "merge-weight"): lambda p: weight(p["a"], p["b"])}
 
 
 def test_numeric_answers_agree_with_the_references_on_every_parameter_choice():

@@ -576,6 +576,73 @@ def draw_band(data: dict):
                    f"of {W} keys per query, whose reach grows by W - 1 = {W - 1} with every layer")
 
 
+# --- doc-masking: documents ---------------------------------------------------------------------
+
+DOC_CU_SEQLENS = [0, 6, 10, 10, 18]   # documents of 6, 4, 0 and 8 tokens: an empty one too
+DOC_PREFIX_LENS = [3, 2, 0, 4]        # prefixes of 3, 2 and 4 tokens (the empty document: 0)
+
+
+def documents_data(learner: Learner, **_) -> dict:
+    """The learner's document_mask and prefix_lm_mask of one packed row side by side, and the
+    document_ids and position_ids they are built from."""
+    import torch
+
+    T = DOC_CU_SEQLENS[-1]
+    cu_seqlens, prefix_lens = torch.tensor(DOC_CU_SEQLENS, dtype=torch.int32), torch.tensor(DOC_PREFIX_LENS)
+    row = f"cu_seqlens = tensor({DOC_CU_SEQLENS}, dtype=torch.int32)"
+    ids = _tensor(learner.document_ids(cu_seqlens), (T,), dtype=torch.int64, call=f"document_ids({row})").cpu()
+    pos = _tensor(learner.position_ids(cu_seqlens), (T,), dtype=torch.int64, call=f"position_ids({row})").cpu()
+    doc = _tensor(learner.document_mask(cu_seqlens), (T, T), dtype=torch.bool, call=f"document_mask({row})",
+                  what="The mask").cpu()
+    call = f"prefix_lm_mask({row}, tensor({DOC_PREFIX_LENS}))"
+    prefix = _tensor(learner.prefix_lm_mask(cu_seqlens, prefix_lens), (T, T), dtype=torch.bool, call=call,
+                     what="The mask").cpu()
+    return {"cu_seqlens": DOC_CU_SEQLENS, "prefix_lens": DOC_PREFIX_LENS, "document_ids": ids.tolist(),
+            "position_ids": pos.tolist(),
+            "panels": [{"title": "document_mask(cu_seqlens):\neach document its own causal triangle",
+                        "mask": doc.numpy()},
+                       {"title": f"prefix_lm_mask(cu_seqlens, {DOC_PREFIX_LENS}):\nthe prefix seen whole (dark), "
+                                 "causal after it", "mask": prefix.numpy()}]}
+
+
+def draw_documents(data: dict):
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    ids, pos, bounds = np.array(data["document_ids"]), np.array(data["position_ids"]), data["cu_seqlens"]
+    T = len(ids)
+    colours = colormaps["tab10"](ids % 10)[:, :3]   # (T, 3): each query's document, as your document_ids say
+    figure = Figure(figsize=(15, 5.4), layout="constrained")
+    axes = figure.subplots(1, 3, width_ratios=[1, 1, 1.3])
+    for ax, panel in zip(axes, data["panels"]):
+        mask = np.asarray(panel["mask"], dtype=bool)
+        # Allowed keys in the query's colour, keys after the query (a prefix read whole) darker.
+        later = np.triu(np.ones((T, T), dtype=bool), k=1)
+        image = np.ones((T, T, 3))
+        shade = np.where(later[..., None], 0.6 * colours[:, None, :], 0.35 + 0.65 * colours[:, None, :])
+        image[mask] = np.broadcast_to(shade, (T, T, 3))[mask]
+        ax.imshow(image, aspect="equal", interpolation="nearest")
+        for b in sorted(set(bounds[1:-1])):   # where the documents really start, from cu_seqlens
+            ax.axhline(b - 0.5, color="grey", linestyle="--", linewidth=0.8)
+            ax.axvline(b - 0.5, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_title(panel["title"], fontsize=10)
+        ax.set_xticks(range(T), [str(t) for t in range(T)], fontsize=7)
+        ax.set_yticks(range(T), [f"{t} (doc {d})" for t, d in enumerate(ids)], fontsize=7)
+        ax.set_xlabel("key: token in the packed row")
+    axes[0].set_ylabel("query (its document, from your document_ids)")
+    curve = axes[2]
+    curve.bar(range(T), pos, color=colours, label="your position_ids, coloured by document")
+    curve.scatter(range(T), pos, c=colours, s=14, zorder=3)   # so that the zeros show
+    curve.plot(range(T), range(T), "--", color="grey", label="the index in the row: positions not reset")
+    for b in sorted(set(bounds[1:-1])):
+        curve.axvline(b - 0.5, color="grey", linestyle=":", linewidth=0.8)
+    curve.set_xticks(range(T), [str(t) for t in range(T)], fontsize=7)
+    curve.set(xlabel="token in the packed row", ylabel="position_id",
+              title=f"position_ids: 0 again at each document's first token\ncu_seqlens = {bounds}")
+    return _finish(figure, curve, "doc-masking, from your code (dashed: where cu_seqlens starts a document): no "
+                   "query sees another document; a prefix is seen whole by its own document only")
+
+
 # --- rope: rotation -----------------------------------------------------------------------------
 
 ROPE_T, ROPE_HD = 256, 64              # positions and head_dim drawn: pair wavelengths 2π to ~2π·7500
@@ -626,6 +693,117 @@ def draw_rotation(data: dict):
                    "and a score that only the distance decides")
 
 
+# --- roofline: roofline -------------------------------------------------------------------------
+
+# An H100 SXM in bf16, and a Llama-3-8B-like model: 32 layers, 32 query heads, 8 K/V heads of 128.
+ROOF_FLOPS, ROOF_BYTES = 989e12, 3.35e12
+ROOF_PARAMS, ROOF_HEADS, ROOF_KV_HEADS = 8_000_000_000, 32, 8
+ROOF_KV_PER_TOKEN = 2 * 32 * ROOF_KV_HEADS * 128 * 2
+ROOF_DECODE_B, ROOF_PREFILL_B, ROOF_T = [1, 8, 64, 512], [1, 8], 4096
+ROOF_STEP_B = [2**i for i in range(12)]   # 1 ... 2048
+ROOF_STEP_T = [0, 1024, 8192]             # cached tokens per sequence
+
+
+def _positive(value, *, call: str, what: str) -> float:
+    """``value``, what ``call`` returned, which must be a positive finite number: a log axis draws it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        _fail(f"{what} is not a number.", call=call, got=describe_value(value), expected="a float")
+    if not (math.isfinite(value) and value > 0):
+        _fail(f"{what} is not a positive finite number.", call=call, got=repr(value), expected="a positive float")
+    return float(value)
+
+
+def _pair_of(member, *args, what: str) -> tuple:
+    """(``member(*args)``, which must be a pair, the text of the call)."""
+    call = call_text(member._label, args, {})
+    value = member(*args)
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        _fail(f"The call must return a pair {what}.", call=call, got=describe_value(value), expected=f"tuple {what}")
+    return value, call
+
+
+def roofline_data(learner: Learner, **_) -> dict:
+    """FLOPs per byte of prefill and decode from the learner's prefill_intensity and decode_intensity
+    (weight matmuls and attention apart) for a few batch sizes, the learner's crossover_batch, and
+    tokens per second of the learner's decode_step as the batch grows, at a few cache lengths."""
+    points = []
+    for phase, member, batches in (("decode", learner.decode_intensity, ROOF_DECODE_B),
+                                   ("prefill", learner.prefill_intensity, ROOF_PREFILL_B)):
+        for B in batches:
+            pair, call = _pair_of(member, B, ROOF_T, ROOF_HEADS, ROOF_KV_HEADS, what="(weight matmuls, attention)")
+            for part, value in zip(("weights", "attention"), pair):
+                points.append({"phase": phase, "part": part, "B": B,
+                               "intensity": _positive(value, call=call, what=f"The {part} part")})
+    crossover = _positive(learner.crossover_batch(ROOF_FLOPS, ROOF_BYTES),
+                          call=f"crossover_batch({ROOF_FLOPS:g}, {ROOF_BYTES:g})", what="The crossover batch")
+    steps = []
+    for T in ROOF_STEP_T:
+        steps.append({"T": T, "series": []})
+        for B in ROOF_STEP_B:
+            (seconds, bound), call = _pair_of(learner.decode_step, ROOF_PARAMS, ROOF_KV_PER_TOKEN, T, B, ROOF_BYTES,
+                                              ROOF_FLOPS, 2, what="(seconds, bound)")
+            if bound not in ("memory", "compute"):
+                _fail("The bound must be \"memory\" or \"compute\".", call=call, got=describe_value(bound),
+                      expected="\"memory\" | \"compute\"")
+            steps[-1]["series"].append({"tokens_per_s": B / _positive(seconds, call=call, what="The time"), "bound": bound})
+    return {"flops_per_s": ROOF_FLOPS, "bytes_per_s": ROOF_BYTES, "T": ROOF_T, "n_heads": ROOF_HEADS,
+            "n_kv_heads": ROOF_KV_HEADS, "points": points, "crossover": crossover, "params": ROOF_PARAMS,
+            "step_B": ROOF_STEP_B, "steps": steps}
+
+
+def draw_roofline(data: dict):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 4.8), layout="constrained")
+    roof, steps = figure.subplots(1, 2)
+    peak, bandwidth = data["flops_per_s"], data["bytes_per_s"]
+    ridge = peak / bandwidth
+    intensities = [p["intensity"] for p in data["points"]]
+    x = np.geomspace(min(0.25, min(intensities) / 2), max(4 * ridge, max(intensities) * 2), 200)
+    roof.plot(x, np.minimum(peak, x * bandwidth) / 1e12, color="black", linewidth=2,
+              label=f"attainable: min(peak, intensity × {bandwidth / 1e12:g} TB/s)")
+    roof.axvline(ridge, color="grey", linestyle=":", linewidth=1, label=f"ridge: {ridge:.0f} FLOPs per byte")
+    styles = {("decode", "weights"): ("o", "tab:blue"), ("decode", "attention"): ("s", "tab:orange"),
+              ("prefill", "weights"): ("^", "tab:green"), ("prefill", "attention"): ("D", "tab:red")}
+    for (phase, part), (marker, colour) in styles.items():
+        mine = [p for p in data["points"] if p["phase"] == phase and p["part"] == part]
+        I = np.array([p["intensity"] for p in mine])
+        roof.plot(I, np.minimum(peak, I * bandwidth) / 1e12, marker, color=colour, markersize=8, linestyle="none",
+                  label=f"{phase}, {part}: B = {', '.join(str(p['B']) for p in mine)}")
+        labels = {}   # one label per point drawn: attention's intensity is the same at every B
+        for p, i in zip(mine, I):
+            labels.setdefault(float(i), []).append(str(p["B"]))
+        for i, batches in labels.items():
+            roof.annotate(f"B = {', '.join(batches)}", (i, min(peak, i * bandwidth) / 1e12), textcoords="offset points",
+                          xytext=(6, -12) if part == "weights" else (-6, 8), ha="left" if part == "weights" else "right",
+                          fontsize=7, color=colour)
+    roof.set(xscale="log", yscale="log", ylim=(x[0] * bandwidth / 1e12, 3 * peak / 1e12),   # room above the roof
+             xlabel="arithmetic intensity (FLOPs per byte of HBM)",
+             ylabel="attainable TFLOP/s", title=f"Roofline: {data['n_heads']} query heads, {data['n_kv_heads']} "
+             f"K/V heads, T = {data['T']:,}, bf16")
+    B = np.array(data["step_B"], dtype=float)
+    for cache, colour in zip(data["steps"], ("tab:blue", "tab:purple", "tab:brown")):
+        rate = np.array([s["tokens_per_s"] for s in cache["series"]])
+        steps.plot(B, rate, "-", color=colour, label=f"{cache['T']:,} tokens cached per sequence")
+        compute = np.array([s["bound"] == "compute" for s in cache["series"]])
+        steps.plot(B[~compute], rate[~compute], "o", color=colour, markersize=5)
+        steps.plot(B[compute], rate[compute], "*", color=colour, markersize=10)
+    steps.plot([], [], "o", color="grey", label="memory-bound")
+    steps.plot([], [], "*", color="grey", markersize=10, label="compute-bound")
+    steps.axvline(data["crossover"], color="grey", linestyle=":", linewidth=1,
+                  label=f"your crossover_batch: {data['crossover']:.0f}")
+    steps.set(xscale="log", yscale="log", xlabel="batch size B (sequences)", ylabel="tokens per second (upper bound)",
+              title=f"decode_step: {data['params'] / 1e9:g}B parameters in bf16 on an H100")
+    steps.minorticks_off()
+    steps.set_xticks(B, [str(int(b)) for b in B])
+    for ax in (roof, steps):
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7)
+    figure.suptitle("roofline, from your code: decode's weight matmuls climb with the batch, its attention stays "
+                    "put; prefill sits under the flat roof")
+    return figure
+
+
 # (kata slug, plot kind) -> (data function, draw function); manifests say which a kata has.
 PLOTS = {
     ("rope", "rotation"): (rotation_data, draw_rotation),
@@ -637,4 +815,6 @@ PLOTS = {
     ("mha", "complexity"): (complexity_data, draw_complexity),
     ("cross-attention", "heatmaps"): (cross_heatmaps_data, draw_heatmaps),
     ("positional-encoding", "encodings"): (encodings_data, draw_encodings),
+    ("roofline", "roofline"): (roofline_data, draw_roofline),
+    ("doc-masking", "documents"): (documents_data, draw_documents),
 }

@@ -1,0 +1,91 @@
+"""The roofline of serving and training a transformer: time bounds, arithmetic intensity, MFU.
+
+Letters: N parameters (non-embedding), L layers, d d_model, H query heads, H_kv key/value heads,
+n_rep = H // H_kv, B batch (sequences), T tokens (cached, or in the prompt). A multiply-add is 2
+FLOPs. Bytes are bytes (8 bits); rates are per second: hbm_bytes_per_s (HBM bandwidth),
+flops_per_s (peak FLOP/s of the compute dtype).
+"""
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes of one element of ``dtype``: "fp32"/"float32" 4, "bf16"/"bfloat16"/"fp16"/"float16" 2,
+    "fp8"/"float8"/"int8" 1, "int4" 0.5. Any other name raises ValueError."""
+    raise NotImplementedError("write dtype_bytes")
+
+
+def decode_step(params: int, kv_bytes_per_token: int, T: int, B: int, hbm_bytes_per_s: float,
+                flops_per_s: float, bytes_per_param: float = 2) -> tuple[float, str]:
+    """Lower bound on the time of one decode step, and which bound sets it.
+
+    One step makes one new token for each of ``B`` sequences, each with ``T`` tokens already in
+    its KV cache. ``kv_bytes_per_token`` is the K and V of ONE token over all layers
+    (2 * L * H_kv * head_dim * bytes per element). The step reads every weight once (shared by the
+    batch) and every sequence's whole cache; it computes 2 FLOPs per parameter per sequence
+    (attention's own FLOPs, ~n_rep per cached byte, are left out).
+    Returns ``(seconds, bound)``: seconds = max(bytes / hbm_bytes_per_s, FLOPs / flops_per_s),
+    bound = "compute" where the FLOPs take strictly longer than the bytes, else "memory".
+    """
+    raise NotImplementedError("write decode_step")
+
+
+def attention_decode_intensity(n_heads: int, n_kv_heads: int, T: int, B: int,
+                               bytes_per_element: float = 2) -> float:
+    """FLOPs per byte of attention in a decode step: one query token per sequence over its T cached tokens.
+
+    FLOPs: q @ Kᵀ and weights @ V, 2 * T * head_dim each per query head. Bytes: the cached K and V,
+    T * head_dim per K/V head each, at bytes_per_element (the one query and output vector are left
+    out). head_dim is not an argument: it cancels. B sequences each read their own cache.
+    """
+    raise NotImplementedError("write attention_decode_intensity")
+
+
+def decode_intensity(B: int, T: int, n_heads: int, n_kv_heads: int, bytes_per_param: float = 2,
+                     bytes_per_element: float = 2) -> tuple[float, float]:
+    """FLOPs per byte of a decode step, ``(weight matmuls, attention)`` apart.
+
+    Weight matmuls: each weight is read once per step and used by the batch's B token vectors,
+    2 FLOPs each (activations left out). Attention: as ``attention_decode_intensity``.
+    """
+    raise NotImplementedError("write decode_intensity")
+
+
+def prefill_intensity(B: int, T: int, n_heads: int, n_kv_heads: int, bytes_per_param: float = 2,
+                      bytes_per_element: float = 2) -> tuple[float, float]:
+    """FLOPs per byte of a prefill of B prompts of T tokens, ``(weight matmuls, attention)`` apart.
+
+    Weight matmuls: each weight is read once and used by all B * T tokens, 2 FLOPs each
+    (activations left out). Attention, as a fused kernel runs it (the scores never leave the
+    chip): FLOPs of Q @ Kᵀ and weights @ V over all T x T pairs (no causal discount); bytes: Q and
+    O, (B, H, T, hd), and K and V, (B, H_kv, T, hd), each read or written once at
+    bytes_per_element. head_dim is not an argument: it cancels.
+    """
+    raise NotImplementedError("write prefill_intensity")
+
+
+def crossover_batch(flops_per_s: float, hbm_bytes_per_s: float, bytes_per_param: float = 2) -> float:
+    """The batch size at which decoding's weight matmuls take as long on the FLOPs as on the bytes.
+
+    Each weight is read once per step (bytes_per_param bytes) and multiplied by the B token
+    vectors, 2 FLOPs each; the KV cache and activations are left out. Above this batch the
+    weight matmuls are compute-bound. A real number, not rounded to a whole batch.
+    """
+    raise NotImplementedError("write crossover_batch")
+
+
+def train_flops_per_token(N: int, L: int, T: int, d: int) -> int:
+    """Training FLOPs (forward and backward) per token of a decoder of N non-embedding
+    parameters, L layers and d = n_heads * head_dim, on sequences of T tokens.
+
+    Counts the matmuls with the weights and attention's Q @ Kᵀ and weights @ V, forward and
+    backward, as PaLM does (Chowdhery et al., 2022, Appendix B): no causal discount.
+    """
+    raise NotImplementedError("write train_flops_per_token")
+
+
+def mfu(tokens_per_s: float, N: int, L: int, T: int, d: int, peak_flops_per_s: float) -> float:
+    """Model FLOPs utilisation of training: the model's FLOPs per second over the peak.
+
+    ``tokens_per_s`` is the training throughput and ``peak_flops_per_s`` the peak of all the
+    devices together. A fraction in [0, 1] for a real run (not a percentage).
+    """
+    raise NotImplementedError("write mfu")

@@ -1,0 +1,179 @@
+"""The roofline grader on solutions written the way learners write them (not via the bug oracles),
+and the facts it relies on: the textbook numbers and FlopCounterMode's counts."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from conftest import checks_by_id
+from graders.engine.manifest import find
+from graders.practice import plots
+from graders.roofline import TEXTBOOK, attention, close, counted, training_flops
+from reference import roofline as ref
+
+SOLUTION = '''
+SIZES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
+         "fp8": 1, "float8": 1, "int8": 1, "int4": 0.5}
+
+
+def dtype_bytes(dtype):
+    if dtype not in SIZES:
+        raise ValueError(f"unknown dtype {dtype}")
+    return SIZES[dtype]
+
+
+def decode_step(params, kv_bytes_per_token, T, B, hbm_bytes_per_s, flops_per_s, bytes_per_param=2):
+    nbytes = params * bytes_per_param + B * T * kv_bytes_per_token
+    flops = 2 * params * B
+    t_mem, t_flop = nbytes / hbm_bytes_per_s, flops / flops_per_s
+    return (t_flop, "compute") if t_flop > t_mem else (t_mem, "memory")
+
+
+def attention_decode_intensity(n_heads, n_kv_heads, T, B, bytes_per_element=2):
+    return 4 * n_heads * T * B / (2 * n_kv_heads * T * B * bytes_per_element)
+
+
+def decode_intensity(B, T, n_heads, n_kv_heads, bytes_per_param=2, bytes_per_element=2):
+    return 2 * B / bytes_per_param, attention_decode_intensity(n_heads, n_kv_heads, T, B, bytes_per_element)
+
+
+def prefill_intensity(B, T, n_heads, n_kv_heads, bytes_per_param=2, bytes_per_element=2):
+    flops = 4 * B * n_heads * T * T
+    moved = 2 * B * T * (n_heads + n_kv_heads) * bytes_per_element
+    return 2 * B * T / bytes_per_param, flops / moved
+
+
+def crossover_batch(flops_per_s, hbm_bytes_per_s, bytes_per_param=2):
+    return flops_per_s * bytes_per_param / (2 * hbm_bytes_per_s)
+
+
+def train_flops_per_token(N, L, T, d):
+    return 6 * N + 12 * L * T * d
+
+
+def mfu(tokens_per_s, N, L, T, d, peak_flops_per_s):
+    return tokens_per_s * train_flops_per_token(N, L, T, d) / peak_flops_per_s
+'''
+
+
+def failed(result):
+    return [c["id"] for c in result["checks"] if c["status"] == "failed"]
+
+
+def test_textbook_answers_are_the_references():
+    for name, args, answer, case in TEXTBOOK:
+        assert close(getattr(ref, name)(*args), answer), (name, args, case)
+
+
+def test_reference_intensities_equal_the_flop_counter():
+    rng = np.random.default_rng(0)
+    for H, Hkv, T, B in [(8, 2, 37, 3), (4, 4, 16, 1), (6, 1, 9, 5)]:
+        q = torch.from_numpy(rng.standard_normal((B, H, 1, 8)))   # (B, H, 1, hd)
+        k, v = (torch.from_numpy(rng.standard_normal((B, Hkv, T, 8))) for _ in "kv")   # (B, H_kv, T, hd)
+        flops, _ = counted(attention, q, k, v)
+        assert close(ref.attention_decode_intensity(H, Hkv, T, B, 8), flops / (k.nbytes + v.nbytes))
+        q = torch.from_numpy(rng.standard_normal((B, H, T, 8)))   # (B, H, T, hd)
+        flops, out = counted(attention, q, k, v)
+        moved = q.nbytes + k.nbytes + v.nbytes + out.nbytes
+        assert close(ref.prefill_intensity(B, T, H, Hkv, 2, 8)[1], flops / moved)
+
+
+def test_reference_training_flops_equal_the_flop_counter():
+    rng = np.random.default_rng(0)
+    for L, T, d, H in [(3, 24, 32, 4), (2, 10, 48, 6)]:
+        per_token, N = training_flops(rng, L, T, d, H)
+        assert N == 12 * L * d * d
+        assert ref.train_flops_per_token(N, L, T, d) == per_token
+
+
+def test_the_fused_cpu_sdpa_kernel_counts_no_flops():
+    # Why the grader writes attention out: a count of 0 would make every intensity 0.
+    q = k = v = torch.randn(2, 4, 7, 12)
+    with FlopCounterMode(display=False) as counter:
+        F.scaled_dot_product_attention(q, k, v)
+    assert counter.get_total_flops() == 0
+
+
+def test_a_different_correct_solution_passes(grade_source):
+    result = grade_source("roofline", SOLUTION, seed=5)
+    assert result["status"] == "passed", [c["message"] for c in result["checks"] if c["status"] != "passed"]
+
+
+def test_forgetting_the_cache_is_diagnosed(grade_source):
+    result = grade_source("roofline", SOLUTION.replace("nbytes = params * bytes_per_param + B * T * kv_bytes_per_token",
+                                                       "nbytes = params * bytes_per_param"))
+    checks = checks_by_id(result)
+    assert checks["decode-step-time"]["diagnosis"] == "kv-read-forgotten"
+    assert "decode-step-time" in failed(result) and "weight-intensity" not in failed(result)
+
+
+def test_one_token_for_the_cache_is_diagnosed(grade_source):
+    result = grade_source("roofline", SOLUTION.replace("B * T * kv_bytes_per_token", "B * kv_bytes_per_token"))
+    assert checks_by_id(result)["decode-step-time"]["diagnosis"] == "kv-one-token-for-cache"
+
+
+def test_a_tie_called_compute_fails_only_the_bound(grade_source):
+    result = grade_source("roofline", SOLUTION.replace("if t_flop > t_mem", "if t_flop >= t_mem"))
+    assert failed(result) == ["decode-step-bound"]
+
+
+def test_batching_attention_like_the_weights_is_diagnosed(grade_source):
+    result = grade_source("roofline", SOLUTION.replace("/ (2 * n_kv_heads * T * B * bytes_per_element)",
+                                                       "/ (2 * n_kv_heads * T * bytes_per_element)"))
+    assert checks_by_id(result)["attention-decode-intensity"]["diagnosis"] == "batch-raises-attention-intensity"
+
+
+def test_2n_is_diagnosed_and_mfu_follows_from_it(grade_source):
+    result = grade_source("roofline", SOLUTION.replace("return 6 * N + 12", "return 2 * N + 12"))
+    checks = checks_by_id(result)
+    assert checks["train-flops-per-token"]["diagnosis"] == "train-2n"
+    assert checks["mfu"].get("same_cause_as") == "train-flops-per-token"
+
+
+def test_int4_as_four_bytes_is_diagnosed(grade_source):
+    result = grade_source("roofline", SOLUTION.replace('"int4": 0.5', '"int4": 4'))
+    assert checks_by_id(result)["dtype-bytes"]["diagnosis"] == "bits-for-bytes"
+
+
+def test_an_unknown_dtype_must_raise(grade_source):
+    result = grade_source("roofline", SOLUTION.replace('raise ValueError(f"unknown dtype {dtype}")', "return 2"))
+    assert failed(result) == ["dtype-bytes"]
+    assert "must raise ValueError" in checks_by_id(result)["dtype-bytes"]["message"]
+
+
+def test_a_step_that_returns_only_seconds_is_told_the_form(grade_source):
+    result = grade_source("roofline", SOLUTION.replace('return (t_flop, "compute") if t_flop > t_mem else (t_mem, "memory")',
+                                                       "return max(t_flop, t_mem)"))
+    assert "returns a pair (seconds, bound)" in checks_by_id(result)["decode-step-time"]["message"]
+
+
+def roofline_plot(tmp_path, zygotes, source):
+    kata = find("roofline")
+    path = tmp_path / kata.learner_file
+    path.write_text(source, encoding="utf-8")
+    return plots.compute(kata, "roofline", path, seed=0, device="cpu", zygote=zygotes(kata.framework))
+
+
+def test_the_plot_shows_decode_weights_climbing_and_its_attention_flat(tmp_path, zygotes):
+    data = roofline_plot(tmp_path, zygotes, SOLUTION)
+    by = {(p["phase"], p["part"], p["B"]): p["intensity"] for p in data["points"]}
+    for B in plots.ROOF_DECODE_B:
+        assert by["decode", "weights", B] == pytest.approx(B)   # bf16: 2 FLOPs per 2-byte weight per sequence
+        assert by["decode", "attention", B] == pytest.approx(2 * 32 / 8 / 2)   # n_rep = 4, whatever B
+    for B in plots.ROOF_PREFILL_B:
+        assert by["prefill", "weights", B] == pytest.approx(B * plots.ROOF_T)
+    assert data["crossover"] == pytest.approx(989 / 3.35 / 1)   # bf16 weights: peak · 2 / (2 · bandwidth)
+    empty, *cached = data["steps"]
+    assert empty["T"] == 0
+    assert [s["bound"] for s in empty["series"]] == ["compute" if B > data["crossover"] else "memory"
+                                                      for B in data["step_B"]]
+    assert empty["series"][0]["tokens_per_s"] == pytest.approx(3.35e12 / 16e9)   # one sequence: the weights' bytes
+    assert all(s["bound"] == "memory" for c in cached for s in c["series"])   # each sequence reads its own cache
+
+
+def test_the_plot_tells_a_wrong_form_and_writes_nothing(tmp_path, zygotes):
+    source = SOLUTION.replace("return 2 * B / bytes_per_param, attention_decode_intensity(",
+                              "return 2 * B / bytes_per_param + attention_decode_intensity(")
+    with pytest.raises(plots.PlotFailed, match="must return a pair"):
+        roofline_plot(tmp_path, zygotes, source)

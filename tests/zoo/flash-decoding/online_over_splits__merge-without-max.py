@@ -1,0 +1,41 @@
+"""The online softmax over splits without its running max: each partial's exp(lse_j) added up as
+it comes, which is exact until an lse passes 88 (float32) or 709 (float64) and exp overflows."""
+import math
+
+import torch
+
+
+def partial_attention(q, k_chunk, v_chunk):
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    n_keys = k_chunk.shape[2]
+    if n_keys == 0:
+        out = torch.zeros(q.shape, dtype=dtype, device=q.device)
+        return out, torch.full(q.shape[:3], float("-inf"), dtype=dtype, device=q.device)
+    scores = (q.to(dtype) / math.sqrt(q.shape[3])) @ k_chunk.to(dtype).transpose(2, 3)
+    return torch.softmax(scores, dim=-1) @ v_chunk.to(dtype), torch.logsumexp(scores, dim=-1)
+
+
+def merge_partials(outs, lses):
+    dtype = torch.promote_types(lses[0].dtype, torch.float32)
+    l = torch.zeros(lses[0].shape, dtype=dtype, device=lses[0].device)
+    acc = torch.zeros(outs[0].shape, dtype=dtype, device=outs[0].device)
+    for out_j, lse_j in zip(outs, lses):
+        w = torch.exp(lse_j.to(dtype))   # this chunk's sum of exp(score)
+        l = l + w
+        acc = acc + w[..., None] * out_j.to(dtype)
+    return acc / l[..., None], torch.log(l)
+
+
+def split_kv_decode(q, k, v, n_splits):
+    assert n_splits >= 1, "n_splits must be at least 1"
+    T = k.shape[2]
+    assert T > 0, "the KV cache is empty"
+    size = (T + n_splits - 1) // n_splits
+    outs, lses = [], []
+    for split in range(n_splits):
+        lo, hi = min(split * size, T), min(split * size + size, T)
+        o, s = partial_attention(q, k[:, :, lo:hi], v[:, :, lo:hi])
+        outs.append(o)
+        lses.append(s)
+    out, _ = merge_partials(outs, lses)
+    return out.to(q.dtype)

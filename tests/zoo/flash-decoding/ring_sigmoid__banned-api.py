@@ -1,0 +1,47 @@
+"""Ring attention's merge, with each block attended by a library kernel as ring-flash-attention
+does (flash_attn_func returns out and lse): here F.scaled_dot_product_attention for the block's
+output and torch.logsumexp of its scores for the lse. Right values, a forbidden call."""
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def partial_attention(q, k_chunk, v_chunk):
+    wide = torch.promote_types(q.dtype, torch.float32)
+    q, k_chunk, v_chunk = q.to(wide), k_chunk.to(wide), v_chunk.to(wide)
+    if k_chunk.shape[-2] == 0:
+        return torch.zeros_like(q), torch.full_like(q[..., 0], -math.inf)
+    scores = q @ k_chunk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return F.scaled_dot_product_attention(q, k_chunk, v_chunk), torch.logsumexp(scores, dim=-1)
+
+
+def _update_out_and_lse(out, lse, block_out, block_lse):
+    block_lse = block_lse.unsqueeze(-1)   # (B, H, Tq, 1)
+    if out is None:
+        return block_out, block_lse
+    out = out - torch.sigmoid(block_lse - lse) * (out - block_out)
+    new_lse = torch.logaddexp(lse, block_lse)   # = lse - logsigmoid(lse - block_lse), -inf safe
+    return out, new_lse
+
+
+def merge_partials(outs, lses):
+    out, lse = None, None
+    for block_out, block_lse in zip(outs, lses):
+        wide = torch.promote_types(block_lse.dtype, torch.float32)
+        out, lse = _update_out_and_lse(out, lse, block_out.to(wide), block_lse.to(wide))
+    return out, lse.squeeze(-1)
+
+
+def split_kv_decode(q, k, v, n_splits):
+    if not n_splits >= 1:
+        raise ValueError("n_splits < 1")
+    if k.shape[-2] == 0:
+        raise ValueError("k is empty")
+    step = math.ceil(k.shape[-2] / n_splits)
+    out, lse = None, None
+    for start in range(0, n_splits * step, step):
+        block_out, block_lse = partial_attention(q, k[..., start:start + step, :], v[..., start:start + step, :])
+        out, lse = _update_out_and_lse(out, lse, block_out, block_lse)
+    return out.to(q.dtype)
+
