@@ -7,6 +7,8 @@ against F.scaled_dot_product_attention. Block ids are the learner's own: the gra
 what any right allocator answers alike (how many blocks, reference counts, two tables equal).
 A failure is named by the bug whose cache answers the same script the same way up to there.
 """
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -249,6 +251,7 @@ def drive(learner, bugs, kata, device, config, ops, case, *, attend=None):
     num_blocks, block_size, Hkv, hd, dtype = config
     cache = learner.PagedKVCache(num_blocks, block_size, Hkv, hd, getattr(torch, dtype), device)
     compute = lambda impl: paged_trace(impl.PagedKVCache, impl.paged_attention, config, tuple(ops))
+    reference_trace = functools.cache(lambda: compute(bugs.reference))   # the reference's whole trace, replayed once
     trace, seqs = [], Sequences()
     diagnose = lambda: bugs.match(trace, lambda impl: compute(impl)[:len(trace)], **kata.tolerance("float32"))
     for i, op in enumerate(ops):
@@ -277,10 +280,10 @@ def drive(learner, bugs, kata, device, config, ops, case, *, attend=None):
                          diagnose=diagnose)
         elif kind == "attend":
             trace.append(got.cpu() if type(got) is torch.Tensor and got.device.type != "meta" else got)
-            attend(cache, got, op, seqs, compute(bugs.reference)[i], call, diagnose)
+            attend(cache, got, op, seqs, reference_trace()[i], call, diagnose)
         else:
             trace.append(got)
-            want = compute(bugs.reference)[i]
+            want = reference_trace()[i]
             expected = (f"{want} = ceil({seqs.length(op[1])} / {block_size})" if kind == "blocks" else
                         str(bool(want)) if kind == "same_table" else str(want))
             shown = str(bool(got)) if kind == "same_table" and type(got) is int else repr(got)
