@@ -35,7 +35,8 @@ from .manifest import ROOT
 INSTALL = "apt-get install bubblewrap"
 WORKER = "/kata/worker.py"   # where the worker's own source is bound, alone
 ZYGOTE_TMP_BYTES = 1 << 20   # the zygote writes nothing; each worker mounts its own /tmp
-ROOT_CAPS = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL")
+# CAP_NET_ADMIN: to bring up the loopback of a rank group's own network (worker._fork_isolated).
+ROOT_CAPS = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_NET_ADMIN")
 FRAMEWORKS = ("numpy", "torch")   # what the katas' learner code may import
 
 
@@ -112,7 +113,7 @@ def command(frameworks, *, cuda: bool = False, warm: bool = False, seccomp_fd: i
         for cap in ROOT_CAPS:
             args += ["--cap-add", cap]
     else:
-        args += ["--unshare-user", "--cap-add", "CAP_SYS_ADMIN"]
+        args += ["--unshare-user", "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_NET_ADMIN"]
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     args += _view()

@@ -15,12 +15,13 @@ import contextlib
 import io
 import math
 import re
+import threading
 import time
 
 import numpy as np
 
 from .failures import LearnerRaised, NotStarted, SandboxFailed, sentence
-from .sandbox import LoadError, SandboxError, describe_error
+from .sandbox import LoadError, RankGroup, SandboxError, describe_error
 
 PLAIN_TENSOR_TYPES = ("torch.Tensor", "torch.nn.parameter.Parameter")
 OUTPUT_SHOWN = 8192   # characters of a check's printed output kept in its report
@@ -124,6 +125,15 @@ class Learner:
             yield Learner(sandbox, device=self.device, seed=self.seed, trace=self._trace)
         finally:
             sandbox.close()
+
+    @contextlib.contextmanager
+    def ranks(self, world: int):
+        """This learner's file run as the ``world`` ranks of one torch.distributed group (see Ranks)."""
+        ranks = Ranks(self, world)
+        try:
+            yield ranks
+        finally:
+            ranks.group.close()
 
     def take_output(self) -> str:
         """What the learner's code printed since the last call of this (capped in the sandbox)."""
@@ -395,6 +405,61 @@ class Learner:
         if device.type == "cuda" and torch.cuda.is_available():
             tensor = tensor.to(device)
         return tensor
+
+
+_COLLECTIVE_FAILED = "/gloo/"   # in the message of every error gloo raises (its source file)
+
+
+class Ranks:
+    """The learner's file run as the ``world`` ranks of one torch.distributed group: gloo on the
+    CPU, its default process group joined by the kit in each rank before any call (see
+    ``sandbox.RankGroup`` for where the ranks run). ``each(fn)`` runs ``fn(rank, learner)`` for
+    every rank at once, each in a thread of its own with a Learner of that rank, since a
+    collective returns only once every rank has called it."""
+
+    def __init__(self, learner: Learner, world: int):
+        self.world = world
+        self.group = RankGroup(learner._sandbox, world)
+        # Only rank 0's answers go into a mutant's trace: the ranks' threads would mix their order.
+        self.learners = [Learner(sandbox, device=learner.device, seed=learner.seed,
+                                 trace=learner._trace if rank == 0 else None)
+                         for rank, sandbox in enumerate(self.group.ranks)]
+
+    def each(self, fn) -> list:
+        """``[fn(rank, learner) for each rank]``, run at once. The first failure in time (the
+        cause: the other ranks fail after it, stopped or left waiting in a collective) stops the
+        group and is raised; the next ``each`` starts the group afresh."""
+        if not self.group.running:
+            self.group.start()
+            timeout_s = self.group.sandbox.timeout_s
+            self._run(lambda rank, learner: learner.kit_function("init_distributed")(
+                rank, self.world, self.group.store, timeout_s))
+        return self._run(fn)
+
+    def loopback_bytes(self) -> int | None:
+        """See RankGroup.loopback_bytes."""
+        return self.group.loopback_bytes()
+
+    def _run(self, fn) -> list:
+        results, failures = [None] * self.world, []
+
+        def run(rank):
+            try:
+                results[rank] = fn(rank, self.learners[rank])
+            except Exception as exc:
+                failures.append((time.monotonic(), rank, exc))
+                self.group.stop()
+
+        threads = [threading.Thread(target=run, args=(rank,)) for rank in range(self.world)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            # A collective that failed (a peer gone, or one that never joined) is the consequence of
+            # another rank's failure when there is one: that failure is raised.
+            raise min(failures, key=lambda f: (_COLLECTIVE_FAILED in str(f[2]), *f[:2]))[2]
+        return results
 
 
 def _fingerprint(value) -> bytes:

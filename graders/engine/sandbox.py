@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import termios
+import threading
 import time
 from pathlib import Path
 
@@ -284,6 +285,7 @@ class Zygote:
                 raise
             self.seccomp = False
         self.users = 0   # sandbox users handed out (as root, see ``user``)
+        self.lock = threading.RLock()
         self.proc = None
         self.pending = None   # the ForkedProcess whose pid reply is not read yet
 
@@ -331,6 +333,27 @@ class Zygote:
 
     def fork(self, *, directory: str, file_name: str, source: bytes, framework: str, memory_mb: int,
              uid: int | None, spawn: bool, fds: list[int], stderr_fd: int):
+        with self.lock:
+            self._fork(directory, file_name, source, framework, memory_mb, uid, seccomp_args=(spawn,), fds=[fds])
+            self.pending = ForkedProcess(self, stderr_fd)
+            return self.pending
+
+    def fork_ranks(self, *, directory: str, file_name: str, source: bytes, framework: str,
+                   memory_mb: int, uid: int | None, fds: list[list[int]], stderr_fds: list[int]) -> list:
+        """Fork the workers of a rank group (see RankGroup), one per item of ``fds``, at once: under
+        bwrap they share namespaces of their own. Returns their ForkedProcesses."""
+        with self.lock:
+            self._fork(directory, file_name, source, framework, memory_mb, uid, seccomp_args=(True, True),
+                       fds=fds, ranks=len(fds))
+            reply, pidfds = self.reply(STARTUP_TIMEOUT_S, fds=len(fds))
+            procs = []
+            for zpid, pidfd, stderr_fd in zip(reply["pids"], pidfds, stderr_fds, strict=True):
+                proc = ForkedProcess(self, stderr_fd)
+                proc.zpid, proc.pidfd, proc._pid = zpid, pidfd, _pidfd_pid(pidfd)
+                procs.append(proc)
+            return procs
+
+    def _fork(self, directory, file_name, source, framework, memory_mb, uid, *, seccomp_args, fds, ranks=None):
         if self.proc is not None and self.proc.poll() is not None:
             self.close()
         if self.proc is None:
@@ -341,28 +364,31 @@ class Zygote:
         try:
             os.write(source_fd, source)
             os.lseek(source_fd, 0, os.SEEK_SET)
-            directory = "/tmp" if self.isolated else directory
+            if self.isolated:
+                directory = "/tmp"
             request = {"op": "fork", "dir": directory, "file": file_name, "framework": framework,
                        "memory_mb": memory_mb, "env": scrubbed_env(directory), "uid": uid,
-                       "seccomp": seccomp.request(spawn) if self.seccomp else None}
-            socket.send_fds(self.sock, [json.dumps(request).encode()], [*fds, source_fd])
+                       "seccomp": seccomp.request(*seccomp_args) if self.seccomp else None}
+            if ranks:
+                request["ranks"] = ranks
+            # Each worker gets its pipes and a descriptor of the file (the same one for every rank).
+            socket.send_fds(self.sock, [json.dumps(request).encode()], [fd for own in fds for fd in [*own, source_fd]])
         finally:
             os.close(source_fd)
-        self.pending = ForkedProcess(self, stderr_fd)
-        return self.pending
 
     def _settle(self):
         if self.pending is not None:
             self.pending.pid   # reads the reply that is owed first
 
     def ask(self, request: dict, timeout_s: float) -> dict:
-        self._settle()
-        self.sock.send(json.dumps(request).encode())
-        return self.reply(timeout_s)[0]
+        with self.lock:   # a rank group's workers may be stopped from several threads
+            self._settle()
+            self.sock.send(json.dumps(request).encode())
+            return self.reply(timeout_s)[0]
 
-    def reply(self, timeout_s: float) -> tuple[dict, list[int]]:
+    def reply(self, timeout_s: float, fds: int = 1) -> tuple[dict, list[int]]:
         readable, _, _ = select.select([self.sock], [], [], timeout_s)
-        message, fds = socket.recv_fds(self.sock, 1 << 16, 1)[:2] if readable else (b"", [])
+        message, fds = socket.recv_fds(self.sock, 1 << 16, fds)[:2] if readable else (b"", [])
         if not message:
             err = (Path(self.home) / "stderr").read_bytes().decode("utf-8", "replace").strip().splitlines()
             self.proc.kill()
@@ -388,11 +414,11 @@ class ForkedProcess:
     @property
     def pid(self) -> int:
         if self._pid is None:
-            self.zygote.pending = None
-            reply, fds = self.zygote.reply(STARTUP_TIMEOUT_S)
+            with self.zygote.lock:
+                self.zygote.pending = None
+                reply, fds = self.zygote.reply(STARTUP_TIMEOUT_S)
             self.zpid, self.pidfd = reply["pid"], fds[0]
-            with open(f"/proc/self/fdinfo/{self.pidfd}") as f:
-                self._pid = next(int(line.split()[1]) for line in f if line.startswith("Pid:"))
+            self._pid = _pidfd_pid(self.pidfd)
         return self._pid
 
     def poll_pid(self) -> int | None:
@@ -771,6 +797,134 @@ class Sandbox:
             how = f"exited with status {code} (os._exit, or a crash)"
         detail = f" Last line on stderr: {tail[0]}" if tail else ""
         return SandboxError("crash", f"the sandbox process {how} during {what}.{detail}")
+
+
+class RankGroup:
+    """``world`` workers of one learner file, started together as the ranks of one
+    torch.distributed group (gloo): under bwrap in pid, mount, network, IPC and UTS namespaces of
+    their own, so that they talk to each other over a loopback that only they have (see
+    ``worker._fork_isolated``). Each rank is a Sandbox (``ranks[r]``) with the learner's limits, whose
+    requests a grader sends from a thread of its own (a collective waits for every rank). A rank
+    that fails stops the whole group, since the others would wait for it in their next
+    collective; the group starts afresh, as a whole, at the next ``start``."""
+
+    def __init__(self, sandbox: Sandbox, world: int):
+        self.sandbox, self.world = sandbox, world
+        self.ranks = [RankSandbox(sandbox, self, rank) for rank in range(world)]
+        self.lock = threading.Lock()
+        self.tmp = None
+        self.running = False
+
+    @property
+    def store(self) -> str:
+        """The file through which the ranks meet (torch.distributed's FileStore)."""
+        return f"{'/tmp' if self.sandbox.zygote.isolated else self.tmp}/store"
+
+    def start(self):
+        """Fork every rank (closing what is left of an earlier start)."""
+        self.close()
+        zygote = self.sandbox.zygote
+        uid = zygote.user()   # one user for the group: its ranks share the store's folder
+        if not zygote.isolated:
+            self.tmp = tempfile.mkdtemp(prefix="kata-ranks-")
+            if uid is not None:
+                os.chown(self.tmp, uid, uid)
+        ours = [rank.pipes() for rank in self.ranks]
+        try:
+            procs = zygote.fork_ranks(directory=self.tmp, file_name=self.sandbox.file_name,
+                                      source=self.sandbox.source_text + self.sandbox.appended,
+                                      framework=self.sandbox.framework,
+                                      memory_mb=self.sandbox.memory_mb if self.sandbox.data_limit else 0,
+                                      uid=uid, fds=[theirs for theirs, _ in ours], stderr_fds=[err for _, err in ours])
+        except BaseException:
+            for rank, (_, err) in zip(self.ranks, ours):
+                for fd in (rank.req_w, rank.resp_r, err):
+                    os.close(fd)
+            raise
+        finally:
+            for theirs, _ in ours:
+                for fd in theirs:
+                    os.close(fd)
+        for rank, proc in zip(self.ranks, procs):
+            rank.started(proc, uid)
+        self.running = True
+        return self
+
+    def stop(self):
+        """Stop every rank (from any thread: a rank that failed stops the others)."""
+        with self.lock:
+            self.running = False
+            for rank in self.ranks:
+                if rank.proc is not None:
+                    rank.proc.kill()
+
+    def close(self):
+        self.stop()
+        for rank in self.ranks:
+            Sandbox.close(rank)
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+    def loopback_bytes(self) -> int | None:
+        """Bytes sent so far over the group's own loopback, read by the kernel's count from
+        outside the ranks (/proc/PID/net/dev of a rank); None where the ranks share the machine's
+        network (no bwrap), whose count others add to."""
+        if not self.sandbox.zygote.isolated or not self.running:
+            return None
+        for line in _read_proc(f"/proc/{self.ranks[0].proc.pid}/net/dev", 1 << 14).decode().splitlines():
+            name, _, counts = line.partition(":")
+            if name.strip() == "lo":
+                return int(counts.split()[8])   # transmitted bytes
+        return None
+
+
+class RankSandbox(Sandbox):
+    """One rank of a RankGroup: a Sandbox whose worker the group forks, and whose failure stops
+    the group (``restart``) instead of forking a lone worker."""
+
+    def __init__(self, sandbox: Sandbox, group: RankGroup, rank: int):
+        self.__dict__.update(vars(sandbox))
+        self.group, self.rank = group, rank
+        self.spawn = True   # gloo's own threads
+        self.proc = self.loaded = self.load_error = self.tmp = None
+        self.stderr_tail, self.timeouts = b"", 0
+
+    def pipes(self) -> tuple[list[int], int]:
+        """New pipes to this rank's worker: the worker's ends (to pass on), and stderr's read end."""
+        req_r, self.req_w = os.pipe()
+        self.resp_r, resp_w = os.pipe()
+        err_r, err_w = os.pipe()
+        os.set_blocking(self.req_w, False)
+        return [req_r, resp_w, err_w], err_r
+
+    def started(self, proc, uid):
+        self.proc, self.uid = proc, uid
+        self.stderr_open, self.ready, self.loaded = True, False, None
+
+    def start(self):
+        self._running()
+        return self
+
+    def request(self, header: dict, blobs: list, timeout_s: float | None = None, what: str = "the call"):
+        self._running()
+        return super().request(header, blobs, timeout_s, what)
+
+    def _running(self):
+        if not self.group.running:
+            raise SandboxError("crash", f"rank {self.rank} was stopped because another rank failed first.")
+
+    def restart(self):
+        self.group.stop()
+
+    def close(self):
+        self.group.close()
+
+
+def _pidfd_pid(pidfd: int) -> int:
+    """The pid, in this process's pid namespace, of the process a pidfd names."""
+    with open(f"/proc/self/fdinfo/{pidfd}") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Pid:"))
 
 
 def _held_bytes(tree: list[int], isolated: bool) -> int:

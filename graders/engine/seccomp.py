@@ -23,6 +23,16 @@ worker that may not ``spawn`` (a torch kata's, on the CPU) is also killed when i
 thread: the torch calls a structure check records are those of the learner's own thread, so work
 done in another would go unseen. No kata needs one, and torch's own thread pools stay unused with
 one thread.
+
+Ranks (tp-attention's workers, started together by the grader: see ``sandbox.RankGroup``) talk to
+each other through torch.distributed's gloo backend, which needs TCP sockets and threads of its
+own. Their filter lets them make AF_INET sockets (and NETLINK_ROUTE ones, through which gloo
+reads the interfaces' addresses), and only those, in a network namespace of the group's own that
+holds nothing but its loopback (see ``worker._fork_isolated``): no rank reaches another sandbox or
+the network, and with no capability left none can change that network. The kernel memory of those
+sockets is bounded by their count (RLIMIT_NOFILE) and the kernel's buffer limits. The zygote,
+which brings that loopback up, may make the same sockets. Without bwrap (a grading container) the
+ranks share the container's network, which the container bounds.
 """
 from __future__ import annotations
 
@@ -44,6 +54,7 @@ DOCKER_REFUSED = (
 )
 # Memory a sandbox could hold outside its processes' pages (see the module's docstring).
 HIDDEN_MEMORY = ("memfd_create", "memfd_secret", "shmget", "socket", "socketpair")
+AF_INET, AF_NETLINK, NETLINK_ROUTE, MAX_FAMILY = 2, 16, 0, 64
 # What the zygote itself must still do for each worker: make its namespaces and mounts.
 WORKER_ONLY = ("unshare", "mount")
 CLONE_THREAD = 0x10000
@@ -66,7 +77,7 @@ def _seccomp():
     return pyseccomp
 
 
-def _build(worker: bool, spawn: bool = True) -> bytes:
+def _build(worker: bool, spawn: bool = True, ranks: bool = False) -> bytes:
     s = _seccomp()
     refuse = s.ERRNO(errno.EPERM)
     f = s.SyscallFilter(s.ALLOW)
@@ -77,8 +88,17 @@ def _build(worker: bool, spawn: bool = True) -> bytes:
             f.add_rule(s.KILL_PROCESS, "clone", s.Arg(0, s.MASKED_EQ, CLONE_THREAD, 0))
         else:
             f.add_rule(s.KILL_PROCESS, "clone")
+    inet = ranks or not worker   # AF_INET sockets, in a rank group's own loopback-only network
     for name in DOCKER_REFUSED + HIDDEN_MEMORY + (WORKER_ONLY if worker else ()):
-        f.add_rule(refuse, name)
+        if name == "socket" and inet:
+            # Every family but AF_INET and AF_NETLINK's NETLINK_ROUTE (one comparison per rule).
+            for family in range(MAX_FAMILY):
+                if family not in (AF_INET, AF_NETLINK):
+                    f.add_rule(refuse, name, s.Arg(0, s.EQ, family))
+            f.add_rule(refuse, name, s.Arg(0, s.GE, MAX_FAMILY))
+            f.add_rule(refuse, name, s.Arg(0, s.EQ, AF_NETLINK), s.Arg(2, s.NE, NETLINK_ROUTE))
+        else:
+            f.add_rule(refuse, name)
     f.add_rule(s.ERRNO(errno.ENOSYS), "clone3")
     for flag in CLONE_NEW.values() if spawn else ():
         f.add_rule(refuse, "clone", s.Arg(0, s.MASKED_EQ, flag, flag))
@@ -99,14 +119,15 @@ def zygote() -> bytes:
 
 
 @functools.cache
-def worker(spawn: bool = True) -> bytes:
-    """The worker's filter, as a classic-BPF program (``worker.load_seccomp`` loads it)."""
-    return _build(worker=True, spawn=spawn)
+def worker(spawn: bool = True, ranks: bool = False) -> bytes:
+    """The worker's filter, as a classic-BPF program (``worker.load_seccomp`` loads it); ``ranks``:
+    a rank's, which may also make AF_INET sockets and threads."""
+    return _build(worker=True, spawn=spawn or ranks, ranks=ranks)
 
 
 @functools.cache
-def request(spawn: bool = True) -> dict:
+def request(spawn: bool = True, ranks: bool = False) -> dict:
     """What a fork request tells the zygote: the worker's filter, and keyctl's number on this
     machine (the worker joins a session keyring of its own before the filter refuses keyctl)."""
     s = _seccomp()
-    return {"filter": worker(spawn).hex(), "keyctl": s.resolve_syscall(s.system_arch(), "keyctl")}
+    return {"filter": worker(spawn, ranks).hex(), "keyctl": s.resolve_syscall(s.system_arch(), "keyctl")}

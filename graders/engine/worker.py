@@ -542,9 +542,34 @@ def naive_attention(q, k, v, causal=False):
     return scores.softmax(dim=-1) @ v   # (B, H, Tq, hd)
 
 
+def init_distributed(rank, world_size, store, timeout_s):
+    """Join this rank's group: torch.distributed's default process group (gloo), met through a
+    file store that every rank of the group can reach. A collective that some rank never joins
+    fails after ``timeout_s`` rather than waiting for the sandbox's wall clock. Gloo binds to the
+    loopback, the only interface of a rank group's own network, rather than look up the host's
+    name."""
+    import datetime
+
+    import torch.distributed as dist
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def all_reduce(tensor):
+    """One sum all-reduce over the default process group: kit code whose traffic on a rank group's
+    loopback the trusted side measures, to weigh the learner's collectives against."""
+    import torch.distributed as dist
+
+    dist.all_reduce(tensor)
+    return tensor
+
+
 # Kit functions a request may ask a handle to (the "kit" op), to be called and measured like the
 # learner's own code.
-KIT_FUNCTIONS = {"sdpa_self_attention": sdpa_self_attention, "naive_attention": naive_attention}
+KIT_FUNCTIONS = {"sdpa_self_attention": sdpa_self_attention, "naive_attention": naive_attention,
+                 "init_distributed": init_distributed, "all_reduce": all_reduce}
 
 
 def _module_info(module):
@@ -593,6 +618,9 @@ def main(argv):
 # --- the zygote: fork a warm worker per learner file ----------------------------------------------
 
 NPROC = 64                  # processes and threads of one sandbox: no fork bomb
+MAX_RANKS = 8               # workers of one rank group (see _fork_isolated)
+RANK_FILES = 256            # open files of a rank, sockets included: their buffers are kernel memory
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
 FILE_BYTES = 64 << 20       # the largest file a worker may write
 TMP_BYTES = 64 << 20        # each of the worker's private /tmp and /dev/shm
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, PR_SET_SECCOMP = 1, 38, 36, 22
@@ -642,41 +670,48 @@ def zygote(frameworks, isolated=False, warm=False):
             torch.ones(1, 1, device="meta").tril()
     sock = socket.socket(fileno=0)
     children = {}   # pid -> uid or None
+    exited = {}     # pid -> wait status, of children reaped but not yet asked about
     while True:
         try:
-            message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 4)
+            message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 4 * MAX_RANKS)
         except OSError:
             break
         if not message:
             break
         request = json.loads(message)
         if request["op"] == "fork":
+            pidfds = []
             try:
-                pid = _fork_isolated(sock, fds, request) if isolated else _fork(sock, fds, request)
-                pidfd = os.pidfd_open(pid)
+                ranks = request.get("ranks", 1)
+                if not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS or len(fds) != 4 * ranks:
+                    raise OSError(f"a fork of {ranks!r} workers with {len(fds)} descriptors")
+                if isolated:
+                    pids = _fork_isolated(sock, fds, request)
+                else:
+                    pids = [_fork(sock, fds, request, rank=r if "ranks" in request else None) for r in range(ranks)]
+                pidfds = [os.pidfd_open(pid) for pid in pids]
             except OSError as exc:
                 socket.send_fds(sock, [json.dumps({"error": f"the sandbox could not be made: {exc}"}).encode()], [])
             else:
-                children[pid] = None if isolated else request.get("uid")
-                socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
-                os.close(pidfd)
+                for pid in pids:
+                    children[pid] = None if isolated else request.get("uid")
+                socket.send_fds(sock, [json.dumps({"pid": pids[0], "pids": pids}).encode()], pidfds)
             finally:
-                for fd in fds:
+                for fd in [*fds, *pidfds]:
                     os.close(fd)
         elif request["op"] == "wait":
             pid, deadline = request["pid"], time.monotonic() + request["timeout_s"]
             while True:
-                try:
-                    done, status = os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:   # not ours, or reaped already
-                    done, status = 0, 0
-                    break
-                if done or time.monotonic() > deadline:
+                # Every child that ended is reaped, not only this one: the first rank of a group
+                # ends only once the others, our children too, are reaped.
+                _reap(exited)
+                if pid in exited or pid not in children or time.monotonic() > deadline:
                     break
                 time.sleep(0.005)
-            if done:
+            status = exited.pop(pid, None)
+            if status is not None:
                 _sweep(children.pop(pid))
-            sock.send(json.dumps({"code": os.waitstatus_to_exitcode(status) if done else None}).encode())
+            sock.send(json.dumps({"code": None if status is None else os.waitstatus_to_exitcode(status)}).encode())
     for pid, uid in children.items():
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -687,10 +722,12 @@ def zygote(frameworks, isolated=False, warm=False):
     os._exit(0)
 
 
-def _fork(sock, fds, request):
+def _fork(sock, fds, request, rank=None):
     pid = os.fork()
     if pid == 0:
-        _forked(sock, fds, request, isolated=False)
+        if rank is None:
+            _forked(sock, fds, request, isolated=False)
+        _forked(sock, _own(fds, rank), dict(request, rank=rank), isolated=False)
     return pid
 
 
@@ -698,7 +735,14 @@ def _fork_isolated(sock, fds, request):
     """Fork the worker as process 1 of new pid, mount, network, IPC and UTS namespaces: a first
     child makes them and forks the worker, says its pid and exits, and the worker, orphaned, is
     re-parented to this subreaper. When the worker dies, the kernel kills every process left in
-    its pid namespace: no daemon, no traced zombie outlives the pair."""
+    its pid namespace: no daemon, no traced zombie outlives the pair. Returns its pid, in a list.
+
+    A rank group (``request["ranks"]`` workers, 4 descriptors each in ``fds``) shares one set of
+    namespaces, so that its ranks talk to each other over a loopback of their own (brought up
+    here) and to nothing else. Rank 0 is process 1 (its death ends the others) and makes the
+    private mounts that all ranks share; the others are forked once it has. Each rank keeps its
+    copy of the learner's file in a folder of its own."""
+    ranks = request.get("ranks")
     read_end, write_end = os.pipe()
     first = os.fork()
     if first == 0:
@@ -706,20 +750,64 @@ def _fork_isolated(sock, fds, request):
             os.close(read_end)
             if _libc.unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) != 0:
                 raise OSError(ctypes.get_errno(), "unshare")
-            pid = os.fork()
-            if pid == 0:
-                os.close(write_end)
-                _forked(sock, fds, request, isolated=True)
-            os.write(write_end, str(pid).encode())
+            if ranks:
+                _loopback_up()
+            pids = []
+            for rank in range(ranks or 1):
+                mounted_r, mounted_w = os.pipe()
+                pid = os.fork()
+                if pid == 0:
+                    os.close(write_end)
+                    os.close(mounted_r)
+                    mine, asked = (fds, request) if ranks is None else (_own(fds, rank), dict(request, rank=rank))
+                    _forked(sock, mine, asked, isolated=True, mounts=rank == 0, mounted=mounted_w)
+                os.close(mounted_w)
+                with os.fdopen(mounted_r, "rb") as mounted:
+                    if mounted.read(1) != b"1":   # it died before it was ready
+                        break
+                pids.append(pid)
+            os.write(write_end, json.dumps(pids).encode())
         finally:
             os._exit(0)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as f:
         said = f.read()
     os.waitpid(first, 0)
-    if not said:
+    pids = json.loads(said) if said else []
+    if len(pids) != (ranks or 1):
         raise OSError("the namespaces of a sandbox could not be made")
-    return int(said)
+    return pids
+
+
+def _own(fds, rank):
+    """A rank's 4 descriptors of a group's ``fds``; the others', which it must not keep (another
+    rank's pipes to the grader), are closed in it at once."""
+    mine = fds[4 * rank:4 * rank + 4]
+    for fd in set(fds) - set(mine):
+        os.close(fd)
+    return mine
+
+
+def _loopback_up():
+    """Bring up the loopback of a new network namespace (SIOCSIFFLAGS; needs CAP_NET_ADMIN)."""
+    import fcntl
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH14x", b"lo", 0)))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def _reap(exited):
+    """Reap every child that has ended, keeping its status in ``exited``."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        exited[pid] = status
 
 
 def _sweep(uid):
@@ -738,8 +826,10 @@ def _sweep(uid):
     os.waitpid(pid, 0)
 
 
-def _forked(sock, fds, request, isolated):
-    """The child: becomes one sandbox worker and never returns into the zygote's loop."""
+def _forked(sock, fds, request, isolated, mounts=True, mounted=None):
+    """The child: becomes one sandbox worker and never returns into the zygote's loop. Isolated, it
+    makes the private mounts if ``mounts`` (a rank group's rank 0 makes them for all, see
+    ``_fork_isolated``), and says on ``mounted`` when they are made."""
     code = 1
     try:
         devnull = os.open(os.devnull, os.O_RDWR)
@@ -752,16 +842,20 @@ def _forked(sock, fds, request, isolated):
         for fd in {devnull, err_fd} - {0, 1, 2}:
             os.close(fd)
         uid = request.get("uid")
-        if isolated:
+        if isolated and mounts:
             _private_mounts(uid)
+        if mounted is not None:
+            os.write(mounted, b"1")
+            os.close(mounted)
         os.chdir(request["dir"])
-        with os.fdopen(source_fd, "rb") as source:
-            text = source.read()
+        text = _read_whole(source_fd)
         os.environ.clear()
         os.environ.update(request["env"])
         limit_memory(request["memory_mb"])
         resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if "rank" in request:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (RANK_FILES, RANK_FILES))
         if uid is not None:
             if not isolated:
                 _private_proc()
@@ -788,6 +882,9 @@ def _forked(sock, fds, request, isolated):
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if confined:
             load_seccomp(bytes.fromhex(confined["filter"]))
+        if "rank" in request:   # the ranks of a group share a folder
+            os.mkdir(f"rank{request['rank']}", 0o700)
+            os.chdir(f"rank{request['rank']}")
         with open(request["file"], "wb") as copy:   # written as the sandbox user: the learner's own copy
             copy.write(text)
         sys.setrecursionlimit(3000)
@@ -797,6 +894,17 @@ def _forked(sock, fds, request, isolated):
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+def _read_whole(fd):
+    """The whole file, read from its start whatever its offset (the ranks of a group share one
+    open file, and its offset), and closed."""
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    os.close(fd)
+    return b"".join(chunks)
 
 
 class _SockFprog(ctypes.Structure):
