@@ -536,6 +536,9 @@ def plot(kata_name, kind, out, seed, device, max_t, file, workspace):
     rope (rotation): your cos/sin table, and q · k against m − n at several positions.
     sliding-window (band): your band masks and the receptive field of stacked layers.
     doc-masking (documents): your document and prefix-LM masks of a packed row, and its positions.
+    rope-scaling (frequencies): your frequency of each pair under PI, NTK, YaRN and Llama 3.1.
+    linear-attention (weights): your causal weights against softmax's, and your decoding
+    state's bytes against a KV cache's.
     roofline (roofline): your prefill and decode FLOPs per byte on an H100's roofline, and
     decode tokens per second against the batch size.
     Your code runs in the kit's sandbox, as for `kata check`; an existing file at --out is

@@ -29,6 +29,7 @@ LATE = {
     "rope": ("lucidrains__rope-on-values", 3),
     "attention-backward": ("einsum__mask-top-left-aligned", 4),
     "sliding-window": ("deque__rolling-buffer-grows", 3),
+    "linear-attention": ("quadratic_mask__state-grows-with-t", 5),
 }
 
 

@@ -251,11 +251,12 @@ def test_the_newer_katas_run_to_a_scorecard(tmp_path):
 
 
 @pytest.mark.parametrize("slugs", [("kv-cache", "flash-tiling", "rope"), ("attention-backward", "sliding-window"),
-                                   ("roofline", "paged-kv", "flash-decoding", "doc-masking")])
+                                   ("roofline", "paged-kv", "flash-decoding", "doc-masking"),
+                                   ("mla", "rope-scaling", "linear-attention", "tp-attention")])
 def test_the_katas_beyond_the_material_run_to_a_scorecard(tmp_path, slugs):
     """`kata interview` draws the katas beyond the material (KV caches, tiling, RoPE, backward,
-    windows, and the four of serving): their coding tasks, then their follow-ups, to a scorecard
-    that counts each kata's points."""
+    windows, the four of serving and the four of architecture): their coding tasks, then their
+    follow-ups, to a scorecard that counts each kata's points."""
     chosen = [manifest.find(slug) for slug in slugs]
     p = plan(manifest.katas(), seed=4, chosen=chosen)
     assert {a.kata for a in p.questions} <= set(slugs) and p.questions

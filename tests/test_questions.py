@@ -435,6 +435,99 @@ def _agrees_with_the_reference():
         **_doc_masking_answers(),
         **_flash_decoding_answers(),
         **_paged_kv_answers(),
+        **_mla_answers(),
+        **_linear_attention_answers(),
+        **_rope_scaling_answers(),
+        **_tp_attention_answers(),
+    }
+
+
+def _tp_attention_answers():
+    """tp-attention: the reference's own shards and module on meta tensors, rank 0."""
+    from unittest import mock
+
+    import torch
+
+    from reference import tp_attention as tp
+
+    def full(D, H, Hkv, hd):
+        m = lambda *shape: torch.empty(*shape, dtype=torch.bfloat16, device="meta")
+        return {"c_attn.weight": m((H + 2 * Hkv) * hd, D), "c_attn.bias": m((H + 2 * Hkv) * hd),
+                "c_proj.weight": m(D, H * hd), "c_proj.bias": m(D)}
+
+    def kv_cache_bytes(L, H, Hkv, hd, p):
+        sd = full(8, H, Hkv, hd)
+        rows, _ = tp.shard_qkv(sd["c_attn.weight"], sd["c_attn.bias"], H, Hkv, 0, p)
+        return L * (rows.shape[0] - H // p * hd) * 2   # the rank's K and V rows, 2 bytes each, every layer
+
+    def params(D, H, Hkv, p):
+        return sum(t.numel() for t in tp.TensorParallelAttention(full(D, H, Hkv, D // H), H, Hkv, 0, p).parameters())
+
+    def all_reduce_bytes(p, B, T, D):
+        reduced = []
+        with mock.patch.object(tp.dist, "all_reduce", lambda t: reduced.append(t.nbytes)):
+            tp.TensorParallelAttention(full(D, 32, 8, D // 32), 32, 8, 0, p)(torch.empty(B, T, D, dtype=torch.bfloat16,
+                                                                                         device="meta"))
+        return 2 * (p - 1) * reduced[0] // p   # a ring: a reduce-scatter and an all-gather of (p - 1)/p each
+
+    return {("tp-attention", "tp-kv-cache-per-gpu"): lambda p: kv_cache_bytes(p["L"], p["H"], p["Hkv"], p["hd"], p["p"]),
+            ("tp-attention", "params-per-rank"): lambda p: params(p["D"], p["H"], p["Hkv"], p["p"]),
+            ("tp-attention", "all-reduce-bytes"): lambda p: all_reduce_bytes(p["p"], p["B"], p["T"], p["D"])}
+
+
+def _rope_scaling_answers():
+    """rope-scaling: counted on the reference's own frequencies, and its attention factor and NTK base."""
+    from reference import rope_scaling as rs
+
+    def kept_pairs(d, b, L, h):
+        """Pairs whose Llama 3.1 frequency is RoPE's own (factor 8, low_freq_factor 1)."""
+        return int((rs.llama3_inv_freq(d, b, 8.0, L, 1.0, h) == rs.rope_inv_freq(d, b)).sum())
+
+    def ntk_base(b, d, s):
+        """The base whose pair-1 frequency base'^(-2/d) is the reference's NTK pair 1."""
+        return float(rs.ntk_inv_freq(d, b, s)[1]) ** (-d / 2)
+
+    return {("rope-scaling", "llama3-kept-pairs"): lambda p: kept_pairs(p["d"], p["b"], p["L"], p["h"]),
+            ("rope-scaling", "yarn-logit-scale"): lambda p: rs.yarn_attention_factor(p["s"]) ** 2,
+            ("rope-scaling", "ntk-base"): lambda p: ntk_base(p["b"], p["d"], p["s"])}
+
+
+def _linear_attention_answers():
+    """linear-attention: the state (S, z) the reference's linear_attention_step returns, on meta tensors."""
+    import torch
+
+    from reference import linear_attention as la
+
+    def state(B, H, d):
+        x = torch.empty(B, H, d, dtype=torch.float16, device="meta")
+        return la.linear_attention_step(x, x, x)[1]
+
+    def crossover(d):
+        held = sum(t.numel() for t in state(1, 1, d))
+        return next(t for t in range(1, held + 2) if t * (d + d) > held)   # a KV cache of t tokens, d = dv
+
+    return {("linear-attention", "state-bytes"): lambda p: sum(t.nbytes for t in state(p["B"], p["H"], p["d"])),
+            ("linear-attention", "cache-crossover"): lambda p: crossover(p["d"])}
+
+
+def _mla_answers():
+    """mla: numbers per token read off the cache the reference module returns (on meta tensors)."""
+    import torch
+
+    from reference import mla
+
+    def cached_numbers(r, rope):
+        with torch.device("meta"):
+            m = mla.MultiHeadLatentAttention(8, 1, r, 2, rope, 2)
+            _, cache = m(torch.empty(1, 3, 8))
+        return sum(t.numel() for t in cache) // 3
+
+    return {
+        ("mla", "gqa-equivalent-groups"): lambda p: cached_numbers(p["r"], p["rope"]) / mla.kv_cache_bytes_per_token(
+            1, p["hd"], 1, 1),
+        ("mla", "mha-over-mla"): lambda p: mla.kv_cache_bytes_per_token(p["H"], p["hd"], 1, 1) / cached_numbers(
+            p["r"], p["rope"]),
+        ("mla", "cache-gib"): lambda p: p["B"] * p["t"] * p["L"] * cached_numbers(p["r"], p["rope"]) * 2 / 2**30,
     }
 
 

@@ -804,8 +804,118 @@ def draw_roofline(data: dict):
     return figure
 
 
+# --- rope-scaling: frequencies ------------------------------------------------------------------
+
+# Llama 3.1's RoPE (head_dim 128, base 500,000) stretched 8 times from 8,192 tokens by each method.
+RS_HD, RS_BASE, RS_FACTOR, RS_ORIGINAL = 128, 500000.0, 8.0, 8192
+RS_METHODS = [("rope_inv_freq", "RoPE (unscaled)", ()), ("linear_inv_freq", "Position Interpolation", (RS_FACTOR,)),
+              ("ntk_inv_freq", "NTK-aware", (RS_FACTOR,)), ("yarn_inv_freq", "YaRN", (RS_FACTOR, RS_ORIGINAL)),
+              ("llama3_inv_freq", "Llama 3.1", (RS_FACTOR, RS_ORIGINAL))]
+
+
+def frequencies_data(learner: Learner, **_) -> dict:
+    """The frequency of each pair under each method, from the learner's *_inv_freq functions."""
+    import torch
+
+    curves = []
+    for name, label, extra in RS_METHODS:
+        args = (RS_HD, RS_BASE, *extra)
+        call = call_text(name, args, {})
+        freq = _tensor(getattr(learner, name)(*args), (RS_HD // 2,), dtype=torch.float64, call=call,
+                       what="The frequencies").cpu()
+        if not bool((freq > 0).all()):
+            _fail("The frequencies must be positive: a log axis draws them.", call=call, got=describe_value(freq),
+                  expected="positive frequencies")
+        curves.append({"label": label, "call": call, "freq": freq.numpy()})
+    return {"hd": RS_HD, "base": RS_BASE, "factor": RS_FACTOR, "original": RS_ORIGINAL, "curves": curves}
+
+
+def draw_frequencies(data: dict):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(13, 5), layout="constrained")
+    freqs, ratios = figure.subplots(1, 2)
+    pairs = np.arange(data["hd"] // 2)
+    theta = np.asarray(data["curves"][0]["freq"])
+    # The wavelengths 2π/θ_i that bound Llama 3.1's bands: original / 4 and original / 1.
+    bounds = [np.log(data["original"] / f / (2 * np.pi)) / np.log(data["base"]) * data["hd"] / 2 for f in (4, 1)]
+    for curve, style in zip(data["curves"], ["-", "--", "-.", "-", ":"]):
+        freq = np.asarray(curve["freq"])
+        freqs.semilogy(pairs, freq, linestyle=style, linewidth=2, label=curve["label"])
+        ratios.plot(pairs, freq / theta, linestyle=style, linewidth=2, label=curve["label"])
+    for ax in (freqs, ratios):
+        for b in bounds:
+            ax.axvline(b, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_xlabel("pair i (fast on the left, slow on the right)")
+    freqs.set(ylabel="frequency θ_i (radians per position)",
+              title=f"frequencies, head_dim {data['hd']}, base {data['base']:,.0f}, factor {data['factor']:g}")
+    ratios.set(ylabel="frequency / RoPE's θ_i", ylim=(0, 1.08),
+               title=f"1 = pair untouched, 1/{data['factor']:g} = interpolated (dotted: wavelengths "
+                     f"{data['original'] // 4:,} and {data['original']:,})")
+    ratios.axhline(1 / data["factor"], color="grey", linewidth=0.6)
+    freqs.grid(True, which="major", alpha=0.3)
+    freqs.legend(fontsize=8)
+    return _finish(figure, ratios, f"rope-scaling, from your code: stretching {data['original']:,} tokens "
+                   f"{data['factor']:g} times; PI slows every pair, the others keep the fast ones")
+
+
+# --- linear-attention: weights ------------------------------------------------------------------
+
+LA_T, LA_D = 16, 8   # the heatmaps: one head, 16 tokens, keys of 8
+LA_STREAM, LA_DV = 64, 8   # the memory curve: tokens decoded, the values' width
+
+
+def linear_weights_data(learner: Learner, *, seed: int, **_) -> dict:
+    """The weights the learner's causal linear_attention gives each key, read out with one-hot
+    values (v = the identity: out row t is the weights of query t), beside softmax's for the same q
+    and k; and the bytes of the state the learner's linear_attention_step returns after each token,
+    beside a KV cache's."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    q, k = (torch.tensor(rng.standard_normal((1, 1, LA_T, LA_D))) for _ in range(2))
+    call = f"linear_attention(q, k, torch.eye({LA_T}), causal=True)"
+    weights = _tensor(learner.linear_attention(q, k, torch.eye(LA_T, dtype=torch.float64)[None, None], causal=True),
+                      (1, 1, LA_T, LA_T), dtype=torch.float64, call=call, what="The output").cpu()[0, 0]
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(LA_D))[0, 0]
+    softmax = torch.softmax(scores.masked_fill(torch.ones(LA_T, LA_T, dtype=torch.bool).triu(1), float("-inf")), dim=-1)
+    qs, ks, vs = (torch.tensor(rng.standard_normal((1, 1, LA_STREAM, w))) for w in (LA_D, LA_D, LA_DV))
+    state, held = None, []
+    for t in range(LA_STREAM):
+        call = f"linear_attention_step(q[:, :, {t}], k[:, :, {t}], v[:, :, {t}], state)"
+        got = learner.linear_attention_step(qs[..., t, :], ks[..., t, :], vs[..., t, :], state)
+        if type(got) not in (tuple, list) or len(got) != 2 or type(got[1]) not in (tuple, list):
+            _fail("linear_attention_step must return a pair (out, state).", call=call, got=describe_value(got),
+                  expected="tuple (out, (S, z))")
+        state = got[1]
+        held.append(sum(x.numel() * x.element_size() for x in state if type(x) is torch.Tensor))
+    return {"T": LA_T, "d": LA_D, "dv": LA_DV, "linear": weights.numpy(), "softmax": softmax.numpy(),
+            "tokens": list(range(1, LA_STREAM + 1)), "state_bytes": held,
+            "cache_bytes": [t * (LA_D + LA_DV) * 8 for t in range(1, LA_STREAM + 1)]}
+
+
+def draw_linear_weights(data: dict):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(15, 4.8), layout="constrained")
+    linear, softmax, curve = figure.subplots(1, 3, width_ratios=[1, 1, 1.3])
+    top = max(np.max(data["linear"]), np.max(data["softmax"]))
+    for ax, key, title in ((linear, "linear", "your causal linear_attention:\nphi(q)·phi(k) / Σ, phi = elu + 1"),
+                           (softmax, "softmax", "softmax attention, same q and k:\nexp(q·k / √d) / Σ")):
+        ax.imshow(np.asarray(data[key]), cmap="Blues", vmin=0.0, vmax=top, aspect="equal", interpolation="nearest")
+        ax.set(title=title, xlabel="key position j", ylabel="query position t")
+    curve.plot(data["tokens"], data["state_bytes"], "o-", markersize=3, color="tab:blue",
+               label="your state (S, z) after t tokens")
+    curve.plot(data["tokens"], data["cache_bytes"], "--", color="tab:red", label="a KV cache of t tokens")
+    curve.set(xlabel="tokens decoded t", ylabel="bytes per head (float64)",
+              title=f"decoding memory, d = {data['d']}, dv = {data['dv']}")
+    return _finish(figure, curve, "linear-attention, from your code: flatter weights than softmax's (a kernel "
+                   "cannot peak like exp), and a state that stays one size while a KV cache grows")
+
+
 # (kata slug, plot kind) -> (data function, draw function); manifests say which a kata has.
 PLOTS = {
+    ("rope-scaling", "frequencies"): (frequencies_data, draw_frequencies),
     ("rope", "rotation"): (rotation_data, draw_rotation),
     ("sliding-window", "band"): (band_data, draw_band),
     ("flash-tiling", "memory"): (flash_memory_data, draw_flash_memory),
@@ -817,4 +927,5 @@ PLOTS = {
     ("positional-encoding", "encodings"): (encodings_data, draw_encodings),
     ("roofline", "roofline"): (roofline_data, draw_roofline),
     ("doc-masking", "documents"): (documents_data, draw_documents),
+    ("linear-attention", "weights"): (linear_weights_data, draw_linear_weights),
 }

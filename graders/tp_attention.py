@@ -1,0 +1,292 @@
+"""Grader of the tp-attention kata (katas/tp-attention/README.md).
+
+The learner's file runs as the ranks of one torch.distributed group inside its sandbox
+(``learner.ranks(world)``); the reference and the bug oracles, trusted, run here as threads whose
+all-reduce sums through a barrier (``simulate``), so a wrong output can be named.
+"""
+import threading
+from math import prod
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from graders.engine import expect
+from graders.engine.recording import recorded
+from graders.engine.weights import listing, normal
+
+# (B, T, d_model, n_heads, n_kv_heads) per world size: several KV heads per rank and as many KV
+# heads as ranks. head_dim (6, 6, 5, 6) differs from n_heads and T, so a split by the wrong size shows.
+CONFIGS = {2: [(2, 6, 24, 4, 4), (2, 5, 48, 8, 2)], 4: [(2, 6, 40, 8, 8), (2, 5, 48, 8, 4)]}
+# Fewer KV heads than ranks: each KV head on world // n_kv_heads ranks; with 2 KV heads over 4
+# ranks, dealing them out in turn (0, 1, 0, 1) differs from the right 0, 0, 1, 1.
+REPLICATED = [(4, (2, 5, 48, 8, 2)), (2, (3, 5, 20, 4, 1)), (4, (3, 5, 20, 4, 1))]
+CASE = ("x: {dtype} ({B}, {T}, {d}), standard normal, the same on every rank; the full layer's weights "
+        "W ~ N(0, 1/{d}), biases ~ N(0, 1); n_heads={H}, n_kv_heads={Hkv}, world_size={world}")
+CALL = "TensorParallelAttention(state_dict, {H}, {Hkv}, rank, {world})(x) on each of the {world} ranks"
+# What a rank may call to communicate; the recorder names torch.distributed's functions.
+COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "reduce", "all_to_all",
+               "all_to_all_single", "send", "recv", "isend", "irecv", "scatter", "gather", "batch_isend_irecv"}
+
+
+def full_weights(rng, d, H, Hkv, dtype=torch.float64):
+    """The single-process layer's state_dict: W ~ N(0, 1/d) keeps q, k, v near unit variance;
+    biases ~ N(0, 1), so that a bias counted twice moves the output by O(1)."""
+    rows = (H + 2 * Hkv) * (d // H)
+    sd = {"c_attn.weight": normal(rng, rows, d, std=d ** -0.5), "c_attn.bias": normal(rng, rows),
+          "c_proj.weight": normal(rng, d, d, std=d ** -0.5), "c_proj.bias": normal(rng, d)}
+    return {k: v.to(dtype) for k, v in sd.items()}
+
+
+def per_rank(d, H, Hkv, world):
+    """Parameters one rank holds: its c_attn rows and their bias, its c_proj columns, c_proj's bias."""
+    hd, kv = d // H, max(Hkv // world, 1)
+    return (H // world + 2 * kv) * hd * (d + 1) + d * (d // world) + d
+
+
+@recorded
+def single(cls, sd, H, Hkv, x):
+    """The single-process module (CausalSelfAttention of reference/tp_attention_expected.py) with the
+    full weights, in float64."""
+    with torch.no_grad():
+        m = cls(x.shape[-1], H, Hkv).double()
+        m.load_state_dict({k: v.double() for k, v in sd.items()})
+        return m(x.double()).to(x.dtype)
+
+
+def sdpa(sd, H, Hkv, x):
+    """The same layer through F.scaled_dot_product_attention(enable_gqa=True), in float64: torch's
+    own causal attention and grouping of query heads onto KV heads."""
+    B, T, d = x.shape
+    hd, w = d // H, {k: v.double() for k, v in sd.items()}
+    q, k, v = (x.double() @ w["c_attn.weight"].T + w["c_attn.bias"]).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+    heads = lambda t: t.view(B, T, -1, hd).transpose(1, 2)   # (B, heads, T, hd)
+    y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True, enable_gqa=True)
+    return (y.transpose(1, 2).reshape(B, T, d) @ w["c_proj.weight"].T + w["c_proj.bias"]).to(x.dtype)
+
+
+@recorded
+def simulate(cls, sd, H, Hkv, world, x):
+    """A trusted TensorParallelAttention (the reference's or a bug's) run here, each rank a thread
+    whose dist.all_reduce sums through a barrier: (every rank's output, the shapes each all-reduced)."""
+    barrier, slots, local = threading.Barrier(world, timeout=30), [None] * world, threading.local()
+    outs, shapes, errors = [None] * world, [[] for _ in range(world)], []
+
+    def all_reduce(t, *args, **kwargs):
+        slots[local.rank] = t.clone()
+        shapes[local.rank].append(tuple(t.shape))
+        barrier.wait()
+        total = sum(slots[1:], slots[0].clone())
+        barrier.wait()   # every rank has read every slot before any writes its sum back
+        t.copy_(total)
+
+    def run(rank):
+        local.rank = rank
+        try:
+            with torch.no_grad():
+                outs[rank] = cls({k: v.clone() for k, v in sd.items()}, H, Hkv, rank, world)(x.clone())
+        except Exception as exc:   # noqa: BLE001  a bug may raise: the others must not wait for it
+            errors.append(exc)
+            barrier.abort()
+
+    with mock.patch.object(dist, "all_reduce", all_reduce):
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]
+    return tuple(outs), tuple(tuple(s) for s in shapes)
+
+
+@recorded
+def oracle_params(cls, sd, H, Hkv, rank, world):
+    """How many parameters a trusted module holds on ``rank`` (built here: building needs no group)."""
+    return sum(p.numel() for p in cls(sd, H, Hkv, rank, world).parameters())
+
+
+def heads_of(rows, sd, H, Hkv) -> str:
+    """Which heads of the full c_attn the returned rows copy, e.g. [q2, q3, k1, v1]: the shard at a glance."""
+    hd = sd["c_attn.weight"].shape[0] // (H + 2 * Hkv)
+    names = [f"q{h}" for h in range(H)] + [f"k{g}" for g in range(Hkv)] + [f"v{g}" for g in range(Hkv)]
+    full = sd["c_attn.weight"].view(H + 2 * Hkv, hd, -1)
+    found = []
+    for i in range(rows.shape[0] // hd):
+        block = rows[i * hd:(i + 1) * hd].to(full.dtype)
+        found.append(next((n for n, f in zip(names, full) if torch.equal(block, f)), "?"))
+    return "[" + ", ".join(found) + "]"
+
+
+def shard_case(d, H, Hkv, world, dtype=torch.float64):
+    return (f"c_attn.weight: {str(dtype).removeprefix('torch.')} ({(H + 2 * Hkv) * (d // H)}, {d}) = rows [W_q; W_k; "
+            f"W_v] of {H} query heads and {Hkv} KV heads of head_dim {d // H}, and its bias")
+
+
+def check_shard(learner, bugs, sd, H, Hkv, rank, world):
+    """shard_qkv for one rank: a pair of tensors equal to the reference's rows, exactly (they are copies)."""
+    d = sd["c_attn.weight"].shape[1]
+    call, case = f"shard_qkv(weight, bias, {H}, {Hkv}, {rank}, {world})", shard_case(d, H, Hkv, world)
+    got = learner.shard_qkv(sd["c_attn.weight"], sd["c_attn.bias"], H, Hkv, rank, world)
+    expect.that(isinstance(got, (tuple, list)) and len(got) == 2, "shard_qkv must return a pair (weight_rows, "
+                "bias_rows).", call=call, case=case, got=type(got).__name__, expected="a tuple of two tensors")
+    want_w, want_b = bugs.reference.shard_qkv(sd["c_attn.weight"], sd["c_attn.bias"], H, Hkv, rank, world)
+    diagnose = lambda: bugs.match(tuple(got), lambda impl: tuple(impl.shard_qkv(
+        sd["c_attn.weight"], sd["c_attn.bias"], H, Hkv, rank, world)), rtol=0, atol=0)
+    w, b = got
+    if type(w) is torch.Tensor and w.shape == want_w.shape and w.dtype == want_w.dtype:
+        held, wanted = heads_of(w, sd, H, Hkv), heads_of(want_w, sd, H, Hkv)
+        expect.that(held == wanted, f"Rank {rank}'s rows are the wrong heads' rows: it needs its query heads' rows, "
+                    "then the rows of the KV heads they read, keys then values.", call=call, case=case,
+                    got=f"rows of {held}", expected=f"rows of {wanted}", diagnose=diagnose)
+    expect.array(w, want_w, call=call, case=case, rtol=0, atol=0, what="the weight rows", diagnose=diagnose)
+    expect.array(b, want_b, call=call, case=case, rtol=0, atol=0, what="the bias rows", diagnose=diagnose)
+
+
+def test_shard_qkv_rows(learner, bugs, rng):
+    """shard_qkv returns this rank's [q; k; v] rows and bias rows exactly, at 2 and 4 ranks, KV heads split and replicated"""
+    for world, (d, H, Hkv) in ((2, (24, 4, 4)), (2, (48, 8, 2)), (4, (40, 8, 8)), (4, (48, 8, 2)), (4, (20, 4, 1))):
+        sd = full_weights(rng, d, H, Hkv)
+        for rank in range(world):
+            check_shard(learner, bugs, sd, H, Hkv, rank, world)
+    sd = full_weights(rng, 24, 4, 2, torch.float32)   # a copy keeps the dtype
+    check_shard(learner, bugs, sd, 4, 2, 1, 2)
+
+
+def test_shard_out_columns(learner, bugs, rng):
+    """shard_out returns this rank's input columns of W_o exactly"""
+    for world, d in ((2, 24), (4, 40)):
+        w = normal(rng, d, d)
+        for rank in range(world):
+            call = f"shard_out(weight, {rank}, {world})"
+            case = f"weight: float64 ({d}, {d}), c_proj's (out_features, in_features)"
+            got = learner.shard_out(w, rank, world)
+            expect.array(got, bugs.reference.shard_out(w, rank, world), call=call, case=case, rtol=0, atol=0,
+                         against=f"weight[:, {rank * d // world}:{(rank + 1) * d // world}], the columns that "
+                                 f"multiply rank {rank}'s heads' outputs",
+                         diagnose=lambda: bugs.match(got, lambda impl: impl.shard_out(w, rank, world), rtol=0, atol=0))
+
+
+def test_rejects_bad_split(learner, rng):
+    """a split into partial heads (world_size not dividing n_heads, or 3 KV heads over 2 ranks) raises ValueError"""
+    sd = full_weights(rng, 24, 4, 2)
+    learner.shard_qkv(sd["c_attn.weight"], sd["c_attn.bias"], 4, 2, 0, 4)   # a valid split works: only bad ones raise
+    for d, H, Hkv, world, why in ((24, 6, 6, 4, "6 query heads cannot be split over 4 ranks"),
+                                  (36, 6, 3, 2, "3 KV heads can be neither split over 2 ranks nor replicated evenly")):
+        sd = full_weights(rng, d, H, Hkv)
+        expect.refused(lambda: learner.shard_qkv(sd["c_attn.weight"], sd["c_attn.bias"], H, Hkv, 0, world),
+                       call=f"shard_qkv(weight, bias, {H}, {Hkv}, 0, {world})", case=shard_case(d, H, Hkv, world),
+                       expected="ValueError: a rank holds whole heads", raised=f"{why}, but the error raised is not "
+                       "the expected one.", returned=f"{why}, yet shards were returned.")
+
+
+def build(ranks, sd, H, Hkv, world):
+    """The learner's module on every rank, from the full weights."""
+    return ranks.each(lambda r, L: L.TensorParallelAttention(sd, H, Hkv, r, world))
+
+
+def test_parameters_per_rank(learner, bugs, rng):
+    """each rank holds exactly its shards' parameters: 1/world_size of the layer but the copied KV heads and the output bias"""
+    for world, (B, T, d, H, Hkv) in ((2, CONFIGS[2][0]), REPLICATED[0]):
+        sd = full_weights(rng, d, H, Hkv)
+        with learner.ranks(world) as ranks:
+            mods = build(ranks, sd, H, Hkv, world)
+            infos = ranks.each(lambda r, L: L.module_info(mods[r]))
+        expected = per_rank(d, H, Hkv, world)
+        kv = max(Hkv // world, 1)
+        for rank, info in enumerate(infos):
+            params = {name: entry[0] for name, entry in info["parameters"].items()}
+            count = sum(prod(shape) for shape in params.values())
+            expect.that(count == expected, f"Rank {rank} holds the wrong number of parameters.",
+                        call=f"TensorParallelAttention(state_dict, {H}, {Hkv}, {rank}, {world})",
+                        case=f"d_model={d}, n_heads={H}, n_kv_heads={Hkv}, head_dim={d // H}",
+                        got=f"{count:,} ({listing(params)})",
+                        expected=f"({H // world} query + 2·{kv} KV heads)·{d // H}·({d} + 1) for its c_attn rows and "
+                                 f"their bias + {d}·{d // world} for its c_proj columns + {d} for c_proj's bias = "
+                                 f"{expected:,}",
+                        diagnose=lambda: bugs.match(count, lambda impl: oracle_params(impl.TensorParallelAttention, sd,
+                                                                                     H, Hkv, rank, world), rtol=0, atol=0))
+
+
+def forward_all(ranks, mods, x, *, record=False):
+    """Every rank's forward of x at once: outputs, and each rank's recorded ops when asked."""
+    def fwd(r, L):
+        if not record:
+            return mods[r](x), None
+        with L.recording() as ops:
+            y = mods[r](x)
+        return y, ops
+    return [list(t) for t in zip(*ranks.each(fwd))]
+
+
+def compare(ranks, bugs, kata, rng, world, cfg, *, dtype=torch.float64):
+    """Every rank's output against the single-process module and SDPA, naming the known bug it matches."""
+    B, T, d, H, Hkv = cfg
+    sd, x = full_weights(rng, d, H, Hkv, dtype), normal(rng, B, T, d).to(dtype)
+    call = CALL.format(H=H, Hkv=Hkv, world=world)
+    case = CASE.format(dtype=str(dtype).removeprefix("torch."), B=B, T=T, d=d, H=H, Hkv=Hkv, world=world)
+    outs, _ = forward_all(ranks, build(ranks, sd, H, Hkv, world), x)
+    tol = kata.tolerance(dtype)
+    diagnose = lambda: bugs.match(tuple(outs), lambda impl: simulate(impl.TensorParallelAttention, sd, H, Hkv, world,
+                                                                      x)[0], **kata.tolerance("float32"))
+    for expected, against in ((single(bugs.expected.CausalSelfAttention, sd, H, Hkv, x),
+                               "the single-process CausalSelfAttention with the full weights"),
+                              (sdpa(sd, H, Hkv, x), "F.scaled_dot_product_attention(enable_gqa=True) with the full weights")):
+        for rank, got in enumerate(outs):
+            expect.array(got, expected, call=f"{call}: rank {rank}'s output", case=case, what=f"rank {rank}'s output",
+                         diagnose=diagnose, against=against, **tol)
+
+
+def test_matches_single_process(learner, bugs, kata, rng):
+    """every rank's output equals the single-process module's at 2 and 4 ranks"""
+    for world, configs in CONFIGS.items():
+        with learner.ranks(world) as ranks:   # one group per world: starting one costs more than a forward
+            for cfg in configs:
+                compare(ranks, bugs, kata, rng, world, cfg)
+            if world == 2:
+                compare(ranks, bugs, kata, rng, world, configs[1], dtype=torch.float32)
+
+
+def collectives(ops) -> list[tuple[str, tuple]]:
+    """(name, shape of the first tensor) of each torch.distributed collective among recorded ops."""
+    found = []
+    for op in ops:
+        if op.get("module", "").startswith("torch.distributed") and op.get("name") in COLLECTIVES:
+            first = next((a for a in op.get("args", []) if isinstance(a, dict) and "shape" in a), None)
+            found.append((op["name"], tuple(first["shape"]) if first else None))
+    return found
+
+
+def test_one_all_reduce(learner, bugs, rng):
+    """exactly one collective per forward on every rank: an all_reduce of the (B, T, d_model) output"""
+    for world, (B, T, d, H, Hkv) in ((2, CONFIGS[2][1]), (4, CONFIGS[4][1])):
+        sd, x = full_weights(rng, d, H, Hkv), normal(rng, B, T, d)
+        call = CALL.format(H=H, Hkv=Hkv, world=world)
+        case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H, Hkv=Hkv, world=world)
+        hd, kv = d // H, max(Hkv // world, 1)
+        qkv_widths = {(H + 2 * Hkv) * hd, (H // world + 2 * kv) * hd}   # the full and the rank's projection
+        with learner.ranks(world) as ranks:
+            mods = build(ranks, sd, H, Hkv, world)
+            forward_all(ranks, mods, normal(rng, B, T, d))   # a first call: lazy set-up happens before measuring
+            before = ranks.loopback_bytes()
+            _, recorded_ops = forward_all(ranks, mods, x, record=True)
+            sent = None if before is None else ranks.loopback_bytes() - before
+            if sent is not None:   # the bytes of one all-reduce of the output, sent by kit code in the ranks
+                before = ranks.loopback_bytes()
+                ranks.each(lambda r, L: L.kit_function("all_reduce")(torch.zeros(B, T, d, dtype=torch.float64)))
+                one = ranks.loopback_bytes() - before
+        for rank, ops in enumerate(recorded_ops):
+            calls = collectives(ops)
+            after_qkv = any(name == "all_reduce" and shape and shape[-1] in qkv_widths for name, shape in calls)
+            expect.that(calls == [("all_reduce", (B, T, d))], f"Rank {rank} does not communicate exactly once per "
+                        "forward: the layer needs one all_reduce, of its share of the output.", call=call, case=case,
+                        got=", ".join(f"{n} of {list(s) if s else '?'}" for n, s in calls) or "no collective",
+                        expected=f"all_reduce of [{B}, {T}, {d}], once",
+                        diagnose=lambda: "all-reduce-after-qkv" if after_qkv else None)
+        if sent is not None:
+            expect.that(sent <= 1.5 * one, "The ranks sent more over their connection than one all-reduce of the "
+                        "output needs: some communication is not the one recorded all_reduce.", call=call, case=case,
+                        got=f"{sent:,} bytes sent in one forward", expected=f"about {one:,} bytes, what one all_reduce "
+                        f"of a [{B}, {T}, {d}] float64 tensor sends")

@@ -1,0 +1,34 @@
+"""The linear-attention grader's expected values, written apart from the reference: the feature
+map entry by entry, and attention in its quadratic form (a T x T matrix of kernel similarities,
+normalised row by row), which the reference never builds.
+
+They are answers as much as the reference is, so they stay out of student bundles with it: the
+grader asks for them as ``bugs.expected``, which a bundle replays from its recordings.
+"""
+import torch
+
+
+def feature_map(x):
+    """elu(x) + 1 from its two branches: x + 1 above 0, exp(x) at or below."""
+    return torch.where(x > 0, x + 1, torch.exp(torch.clamp(x, max=0)))
+
+
+def kernel_attention(q, k, v, causal):
+    """sim[i, j] = phi(q_i)·phi(k_j), zeroed where j > i when causal, each row divided by its sum,
+    times v: (B, H, Tq, dv)."""
+    sim = feature_map(q) @ feature_map(k).transpose(-2, -1)   # (B, H, Tq, Tk), every entry > 0
+    if causal:
+        sim = sim * torch.ones(sim.shape[-2:], dtype=sim.dtype).tril()
+    return (sim / sim.sum(dim=-1, keepdim=True)) @ v
+
+
+def running_sums(k, v):
+    """(S, z) after the tokens of k (B, H, T, d) and v (B, H, T, dv), added one at a time in a loop:
+    S (B, H, d, dv) = Σ phi(k_j) v_jᵀ and z (B, H, d) = Σ phi(k_j)."""
+    S = torch.zeros(*k.shape[:2], k.shape[-1], v.shape[-1], dtype=k.dtype)
+    z = torch.zeros(*k.shape[:2], k.shape[-1], dtype=k.dtype)
+    for t in range(k.shape[-2]):
+        phi = feature_map(k[..., t, :])
+        S = S + phi[..., :, None] * v[..., t, None, :]
+        z = z + phi
+    return S, z

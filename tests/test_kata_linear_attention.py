@@ -1,0 +1,250 @@
+"""The linear-attention grader on solutions written the way learners write them (not via the bug
+oracles), one wrong file per check, and its independent oracles: the T x T kernel form and the
+running sums written out in a loop."""
+import numpy as np
+import pytest
+import torch
+
+from conftest import checks_by_id
+from graders.linear_attention import trusted_decode
+from graders.linear_attention_hidden import fresh_sizes
+from reference.linear_attention import elu_feature_map, linear_attention, linear_attention_step
+from reference.linear_attention_expected import feature_map, kernel_attention, running_sums
+
+# Quadratic parallel forms, a step written with torch.outer-style broadcasting and einsum:
+# nothing like the reference's cumulative sum.
+SOLUTION = '''
+import torch
+import torch.nn.functional as F
+
+
+def elu_feature_map(x):
+    return F.elu(x) + 1
+
+
+def linear_attention(q, k, v, causal=True):
+    sim = elu_feature_map(q) @ elu_feature_map(k).transpose(-2, -1)
+    if causal:
+        sim = sim * torch.ones(sim.shape[-2:], dtype=sim.dtype, device=sim.device).tril()
+    return (sim / sim.sum(-1, keepdim=True)) @ v
+
+
+def linear_attention_step(q, k, v, state=None):
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    if state is None:
+        state = (torch.zeros(*fk.shape, v.shape[-1], dtype=k.dtype), torch.zeros_like(fk))
+    S = state[0] + fk[..., :, None] * v[..., None, :]
+    z = state[1] + fk
+    out = torch.einsum("bhd,bhde->bhe", fq, S) / torch.einsum("bhd,bhd->bh", fq, z)[..., None]
+    return out, (S, z)
+'''
+
+
+def replace(source, old, new):
+    assert old in source, old
+    return source.replace(old, new)
+
+
+def failing(result):
+    return {c["id"] for c in result["checks"] if c["status"] != "passed"}
+
+
+def draw(seed, *shape):
+    return torch.from_numpy(np.random.default_rng(seed).standard_normal(shape))
+
+
+def test_the_kernel_form_and_the_loop_agree_with_the_reference():
+    q, k, v = draw(0, 2, 3, 7, 4), draw(1, 2, 3, 7, 4), draw(2, 2, 3, 7, 6)
+    for causal in (True, False):
+        torch.testing.assert_close(linear_attention(q, k, v, causal), kernel_attention(q, k, v, causal),
+                                   rtol=1e-12, atol=1e-14)
+    outs, states = trusted_decode(linear_attention_step, q, k, v, None)
+    torch.testing.assert_close(outs, linear_attention(q, k, v, True), rtol=1e-12, atol=1e-14)
+    for got, want in zip(states[-1], running_sums(k, v)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+    x = torch.tensor([-30.0, -1.0, 0.0, 1e-3, 30.0], dtype=torch.float64)
+    # elu(x) + 1 cancels for x << 0 (exp(-30) - 1 + 1), exp(x) does not: equal to far below atol.
+    torch.testing.assert_close(elu_feature_map(x), feature_map(x), rtol=1e-15, atol=1e-16)
+
+
+def test_a_state_handed_in_continues_the_sequence():
+    q, k, v = draw(3, 2, 2, 9, 3), draw(4, 2, 2, 9, 3), draw(5, 2, 2, 9, 5)
+    outs, _ = trusted_decode(linear_attention_step, q[..., 4:, :], k[..., 4:, :], v[..., 4:, :],
+                             running_sums(k[..., :4, :], v[..., :4, :]))
+    torch.testing.assert_close(outs, linear_attention(q, k, v, True)[..., 4:, :], rtol=1e-12, atol=1e-14)
+
+
+def test_fresh_sizes_keep_the_widths_apart():
+    for seed in range(50):
+        b, h, d, dv = fresh_sizes(np.random.default_rng(seed))
+        assert b >= 2 and h >= 2 and h != d and dv != d
+
+
+def test_a_different_correct_solution_passes(grade_source):
+    result = grade_source("linear-attention", SOLUTION, seed=5)
+    assert result["score"] == result["max_score"], [c["message"] for c in result["checks"] if c["status"] != "passed"]
+
+
+def test_an_eps_in_the_denominator_passes_with_a_note(grade_source):
+    source = replace(SOLUTION, "sim.sum(-1, keepdim=True)", "(sim.sum(-1, keepdim=True) + 1e-6)")
+    source = replace(source, 'torch.einsum("bhd,bhd->bh", fq, z)[..., None]', '(torch.einsum("bhd,bhd->bh", fq, z)[..., None] + 1e-6)')
+    result = grade_source("linear-attention", source)
+    assert result["score"] == result["max_score"], [c["message"] for c in result["checks"] if c["status"] != "passed"]
+    noted = {c["id"] for c in result["checks"] if "float32-inside" in c.get("notes", [])}
+    assert {"causal-matches", "step-matches"} <= noted
+
+
+def test_a_state_returned_as_a_list_passes(grade_source):
+    result = grade_source("linear-attention", replace(SOLUTION, "return out, (S, z)", "return out, [S, z]"))
+    assert result["score"] == result["max_score"]
+
+
+def test_relu_plus_one_fails_the_feature_map_without_a_diagnosis(grade_source):
+    result = grade_source("linear-attention", replace(SOLUTION, "return F.elu(x) + 1", "return F.relu(x) + 1"))
+    check = checks_by_id(result)["feature-map-values"]
+    assert check["status"] == "failed" and check["diagnosis"] is None
+    assert "elu(x) + 1" in check["message"]
+
+
+def test_a_forgotten_normaliser_is_diagnosed(grade_source):
+    source = replace(SOLUTION, "return (sim / sim.sum(-1, keepdim=True)) @ v", "return sim @ v")
+    result = grade_source("linear-attention", source)
+    checks = checks_by_id(result)
+    for check in ("noncausal-matches", "causal-matches", "constant-values-pass-through"):
+        assert checks[check]["diagnosis"] == "normaliser-forgotten", check
+    assert checks["recurrent-equals-parallel"]["same_cause_as"] == "causal-matches"
+    assert result["diagnoses"] == ["normaliser-forgotten"]
+
+
+def test_the_mask_forgotten_is_a_non_causal_sum(grade_source):
+    source = replace(SOLUTION, "    if causal:\n        sim = sim * torch.ones(sim.shape[-2:], dtype=sim.dtype, device=sim.device).tril()\n", "")
+    result = grade_source("linear-attention", source)
+    checks = checks_by_id(result)
+    assert checks["causal-matches"]["diagnosis"] == "non-causal-sum"
+    assert checks["causal-ignores-the-future"]["diagnosis"] == "non-causal-sum"
+    assert "noncausal-matches" not in failing(result)
+    assert result["diagnoses"] == ["non-causal-sum"]
+
+
+def test_a_future_leak_no_oracle_gives_is_still_named_by_the_property(grade_source):
+    # The diagonal's next neighbour allowed: query t sees key t + 1. No oracle computes this.
+    source = replace(SOLUTION, ".tril()\n", ".tril(1)\n")
+    result = grade_source("linear-attention", source)
+    checks = checks_by_id(result)
+    assert checks["causal-matches"]["status"] == "failed" and checks["causal-matches"]["diagnosis"] is None
+    assert checks["causal-ignores-the-future"]["diagnosis"] == "non-causal-sum"
+    assert result["diagnoses"] == ["non-causal-sum"]
+
+
+def test_phi_on_the_values_is_diagnosed_in_the_step(grade_source):
+    source = replace(SOLUTION, "S = state[0] + fk[..., :, None] * v[..., None, :]",
+                     "S = state[0] + fk[..., :, None] * elu_feature_map(v)[..., None, :]")
+    result = grade_source("linear-attention", source)
+    checks = checks_by_id(result)
+    assert checks["step-matches"]["diagnosis"] == "feature-map-on-values"
+    assert checks["recurrent-equals-parallel"]["same_cause_as"] == "step-matches"
+    assert {"noncausal-matches", "causal-matches"}.isdisjoint(failing(result))
+    assert result["diagnoses"] == ["feature-map-on-values"]
+
+
+def test_s_laid_out_values_first_fails_on_its_shape(grade_source):
+    # fast-transformers' batched form folds K and V into (dv, d): the step's S must be (d, dv).
+    source = replace(SOLUTION, "S = state[0] + fk[..., :, None] * v[..., None, :]",
+                     "S = state[0] + v[..., :, None] * fk[..., None, :]")
+    source = replace(source, "torch.zeros(*fk.shape, v.shape[-1], dtype=k.dtype)",
+                     "torch.zeros(*fk.shape[:-1], v.shape[-1], fk.shape[-1], dtype=k.dtype)")
+    source = replace(source, 'torch.einsum("bhd,bhde->bhe", fq, S)', 'torch.einsum("bhd,bhed->bhe", fq, S)')
+    result = grade_source("linear-attention", source)
+    check = checks_by_id(result)["step-matches"]
+    assert check["status"] == "failed" and "S has the wrong shape" in check["message"]
+    assert {"recurrent-equals-parallel", "causal-matches", "decode-memory-constant"}.isdisjoint(failing(result))
+
+
+def test_a_step_that_keeps_its_own_sums_fails_from_a_state_handed_in(grade_source):
+    # Its sums live in a global, reset by state=None: right from no state, blind to a prompt's sums.
+    source = replace(SOLUTION, SOLUTION[SOLUTION.index("def linear_attention_step"):], '''def linear_attention_step(q, k, v, state=None):
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    if state is None or not _sums:
+        _sums[:] = [torch.zeros(*fk.shape, v.shape[-1], dtype=k.dtype), torch.zeros_like(fk)]
+    _sums[0] = _sums[0] + fk[..., :, None] * v[..., None, :]
+    _sums[1] = _sums[1] + fk
+    S, z = _sums
+    out = torch.einsum("bhd,bhde->bhe", fq, S) / torch.einsum("bhd,bhd->bh", fq, z)[..., None]
+    return out, (S, z)
+
+
+_sums = []
+''')
+    result = grade_source("linear-attention", source)
+    assert failing(result) == {"step-matches", "fresh-decode"}
+    assert "from a state handed in" in checks_by_id(result)["step-matches"]["message"]
+
+
+def test_a_state_kept_in_float32_fails_step_matches_on_its_dtype(grade_source):
+    # Right for bfloat16 inputs (flash-linear-attention keeps its state in float32), a loss of
+    # precision for float64 ones: the state is in k's dtype.
+    source = replace(SOLUTION, "return out, (S, z)", "return out, (S.float(), z.float())")
+    result = grade_source("linear-attention", source)
+    check = checks_by_id(result)["step-matches"]
+    assert check["status"] == "failed" and "wrong dtype" in check["message"]
+
+
+def test_a_step_returning_only_the_output_says_what_it_must_return(grade_source):
+    result = grade_source("linear-attention", replace(SOLUTION, "return out, (S, z)", "return out"))
+    check = checks_by_id(result)["step-matches"]
+    assert "must return a pair (out, state)" in check["message"]
+
+
+def test_nan_outputs_fail_the_value_checks(grade_source):
+    # No guard at all where every similarity is 0: relu features on inputs below 0.
+    result = grade_source("linear-attention", replace(SOLUTION, "return F.elu(x) + 1", "return F.relu(x)"))
+    assert {"noncausal-matches", "causal-matches"} <= failing(result)
+    assert "NaN" in checks_by_id(result)["causal-matches"]["message"]
+
+
+def test_every_token_kept_in_a_global_fails_only_the_memory_check(grade_source):
+    source = replace(SOLUTION, "    return out, (S, z)\n", "    _seen.append((k.clone(), v.clone()))\n    return out, (S, z)\n")
+    result = grade_source("linear-attention", source + "\n_seen = []   # every token, for a later prefill\n")
+    assert failing(result) == {"decode-memory-constant"}
+    check = checks_by_id(result)["decode-memory-constant"]
+    assert check["diagnosis"] == "state-grows-with-t" and "the sandbox holds more memory" in check["message"]
+
+
+def test_a_kv_cache_as_the_state_is_state_grows_with_t(grade_source):
+    source = replace(SOLUTION, SOLUTION[SOLUTION.index("def linear_attention_step"):], '''def linear_attention_step(q, k, v, state=None):
+    keys = k[:, :, None] if state is None else torch.cat([state[0], k[:, :, None]], dim=2)
+    values = v[:, :, None] if state is None else torch.cat([state[1], v[:, :, None]], dim=2)
+    out = linear_attention(q[:, :, None], keys, values, causal=False)[:, :, 0]
+    return out, (keys, values)
+''')
+    result = grade_source("linear-attention", source)
+    check = checks_by_id(result)["decode-memory-constant"]
+    assert check["diagnosis"] == "state-grows-with-t" and "The state grows with the tokens" in check["message"]
+    assert result["diagnoses"] == ["state-grows-with-t"]
+    assert "recurrent-equals-parallel" not in failing(result)
+
+
+def test_tuned_to_the_public_widths_fails_the_hidden_checks(grade_source):
+    # Right for the public (d, dv) pairs only; seed 2 draws other widths for the hidden checks.
+    source = replace(SOLUTION, "    return (sim / sim.sum(-1, keepdim=True)) @ v",
+                     "    if (q.shape[-1], v.shape[-1]) not in ((4, 6), (5, 3)):\n        return sim @ v\n"
+                     "    return (sim / sim.sum(-1, keepdim=True)) @ v")
+    result = grade_source("linear-attention", source, seed=2)
+    assert failing(result) == {"fresh-parallel-forms"}
+    assert checks_by_id(result)["fresh-parallel-forms"]["diagnosis"] == "normaliser-forgotten"
+
+
+def test_the_plot_reads_the_weights_and_a_state_of_one_size(tmp_path, zygotes):
+    from graders.engine.manifest import find
+    from graders.practice import plots
+
+    kata = find("linear-attention")
+    path = tmp_path / kata.learner_file
+    path.write_text(kata.reference_path.read_text())
+    data = plots.compute(kata, "weights", path, seed=0, device="cpu", zygote=zygotes(kata.framework))
+    for weights in (np.asarray(data["linear"]), np.asarray(data["softmax"])):
+        np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-12)
+        assert np.all(np.triu(weights, 1) == 0) and np.all(weights[np.tril_indices(len(weights))] > 0)
+    # Softmax peaks higher than the kernel on the same q and k: the picture's point.
+    assert np.asarray(data["softmax"])[4:].max(-1).mean() > np.asarray(data["linear"])[4:].max(-1).mean()
+    assert len(set(data["state_bytes"])) == 1 and data["cache_bytes"][-1] > data["state_bytes"][-1]

@@ -1,0 +1,204 @@
+"""The tp-attention grader on solutions written the way learners write them (not via the bug
+oracles), run as real ranks in the sandbox; and its own oracles: the single-process module against
+F.scaled_dot_product_attention, the threads that simulate the ranks against the formula."""
+import time
+
+import numpy as np
+import torch
+
+from conftest import checks_by_id
+from graders.tp_attention import CONFIGS, REPLICATED, full_weights, normal, per_rank, sdpa, simulate, single
+from reference import tp_attention_bugs as bugs
+from reference.tp_attention import TensorParallelAttention
+from reference.tp_attention_expected import CausalSelfAttention
+
+# Bias added on rank 0 before the all-reduce (vLLM's way), shards as plain nn.Parameters.
+SOLUTION = '''
+import math
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def shard_qkv(weight, bias, n_heads, n_kv_heads, rank, world_size):
+    if n_heads % world_size != 0 or (n_kv_heads % world_size != 0 and world_size % n_kv_heads != 0):
+        raise ValueError(f"can't split {n_heads} heads / {n_kv_heads} KV heads over {world_size} ranks")
+    hd = weight.shape[0] // (n_heads + 2 * n_kv_heads)
+    nq, nkv = n_heads // world_size, max(n_kv_heads // world_size, 1)
+    kv0 = rank * nq // (n_heads // n_kv_heads)
+    q = slice(rank * nq * hd, (rank + 1) * nq * hd)
+    k = slice((n_heads + kv0) * hd, (n_heads + kv0 + nkv) * hd)
+    v = slice((n_heads + n_kv_heads + kv0) * hd, (n_heads + n_kv_heads + kv0 + nkv) * hd)
+    return torch.cat([weight[q], weight[k], weight[v]]), torch.cat([bias[q], bias[k], bias[v]])
+
+
+def shard_out(weight, rank, world_size):
+    n = weight.shape[1] // world_size
+    return weight[:, rank * n:(rank + 1) * n]
+
+
+class TensorParallelAttention(nn.Module):
+    def __init__(self, state_dict, n_heads, n_kv_heads, rank, world_size):
+        super().__init__()
+        w, b = shard_qkv(state_dict["c_attn.weight"], state_dict["c_attn.bias"], n_heads, n_kv_heads, rank, world_size)
+        self.rank = rank
+        self.hd = w.shape[1] // n_heads
+        self.nq, self.nkv = n_heads // world_size, max(n_kv_heads // world_size, 1)
+        self.w_qkv, self.b_qkv = nn.Parameter(w.clone()), nn.Parameter(b.clone())
+        self.w_o = nn.Parameter(shard_out(state_dict["c_proj.weight"], rank, world_size).clone())
+        self.b_o = nn.Parameter(state_dict["c_proj.bias"].clone())
+
+    def forward(self, x):
+        B, T, C = x.shape
+        hd, nq, nkv = self.hd, self.nq, self.nkv
+        qkv = F.linear(x, self.w_qkv, self.b_qkv)
+        q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
+        q = q.view(B, T, nq, hd).transpose(1, 2)
+        k = k.view(B, T, nkv, hd).transpose(1, 2).repeat_interleave(nq // nkv, dim=1)
+        v = v.view(B, T, nkv, hd).transpose(1, 2).repeat_interleave(nq // nkv, dim=1)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
+        att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        y = (F.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(B, T, nq * hd)
+        out = F.linear(y, self.w_o, self.b_o if self.rank == 0 else None)
+        dist.all_reduce(out)
+        return out
+'''
+BIAS_BEFORE = "        out = F.linear(y, self.w_o, self.b_o if self.rank == 0 else None)\n"
+
+
+def test_the_single_process_module_agrees_with_sdpa_and_the_simulated_ranks_with_it():
+    rng = np.random.default_rng(0)
+    for world, configs in [*CONFIGS.items(), (4, [cfg for _, cfg in REPLICATED])]:
+        for B, T, d, H, Hkv in configs:
+            sd, x = full_weights(rng, d, H, Hkv), normal(rng, B, T, d)
+            expected = single(CausalSelfAttention, sd, H, Hkv, x)
+            torch.testing.assert_close(expected, sdpa(sd, H, Hkv, x), rtol=1e-12, atol=1e-13)
+            outs, shapes = simulate(TensorParallelAttention, sd, H, Hkv, world, x)
+            for out in outs:
+                torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-13)
+            assert shapes == tuple(((B, T, d),) for _ in range(world))   # one all-reduce, of the output
+            assert sum(p.numel() for p in TensorParallelAttention(sd, H, Hkv, 0, world).parameters()) == \
+                per_rank(d, H, Hkv, world)
+
+
+def test_the_simulated_ranks_show_each_bug_and_raise_what_a_rank_raises():
+    rng = np.random.default_rng(1)
+    B, T, d, H, Hkv = CONFIGS[2][0]
+    sd, x = full_weights(rng, d, H, Hkv), normal(rng, B, T, d)
+    outs, _ = simulate(bugs.BiasInLinear, sd, H, Hkv, 2, x)
+    torch.testing.assert_close(outs[0], single(CausalSelfAttention, sd, H, Hkv, x) + sd["c_proj.bias"])
+    _, shapes = simulate(bugs.QkvRowParallelThenHeads, sd, H, Hkv, 2, x)
+    assert shapes[1] == ((B, T, (H + 2 * Hkv) * d // H), (B, T, d))
+
+    class RankOneRaises(TensorParallelAttention):
+        def __init__(self, sd, H, Hkv, rank, world):
+            super().__init__(sd, H, Hkv, rank, world)
+            self.rank = rank
+
+        def forward(self, x):
+            if self.rank == 1:
+                raise RuntimeError("rank 1 gave up")
+            return super().forward(x)
+
+    start = time.monotonic()
+    try:
+        simulate(RankOneRaises, sd, H, Hkv, 2, x)
+        raise AssertionError("a rank's exception must reach the caller")
+    except RuntimeError as exc:
+        assert "rank 1 gave up" in str(exc)
+    assert time.monotonic() - start < 5   # rank 0 is released from its barrier, not left to time out
+
+
+def test_a_different_correct_solution_passes(grade_source):
+    result = grade_source("tp-attention", SOLUTION, seed=5)
+    assert result["status"] == "passed", [c["message"] for c in result["checks"] if c["status"] != "passed"]
+
+
+def test_the_bias_added_on_every_rank_is_named(grade_source):
+    result = grade_source("tp-attention", SOLUTION.replace(BIAS_BEFORE, "        out = F.linear(y, self.w_o, self.b_o)\n"))
+    checks = checks_by_id(result)
+    for check in ("matches-single-process", "bias-added-once"):
+        assert checks[check]["diagnosis"] == "bias-before-all-reduce", check
+    assert "c_proj.bias at every position, once" in checks["bias-added-once"]["message"]
+    for check in ("shard-qkv-rows", "shard-out-columns", "parameters-per-rank", "one-all-reduce"):
+        assert checks[check]["status"] == "passed", check
+    assert result["diagnoses"] == ["bias-before-all-reduce"]
+
+
+def test_kv_heads_dealt_out_in_turn_are_named_with_the_heads_a_rank_holds(grade_source):
+    source = SOLUTION.replace("    kv0 = rank * nq // (n_heads // n_kv_heads)\n",
+                              "    kv0 = rank % n_kv_heads if n_kv_heads < world_size else rank * nkv\n")
+    result = grade_source("tp-attention", source)
+    checks = checks_by_id(result)
+    assert checks["shard-qkv-rows"]["diagnosis"] == "fused-qkv-split-wrong"
+    assert "rows of [q2, q3, k1, v1]" in checks["shard-qkv-rows"]["message"]   # rank 1 of 4, 8 heads, 2 KV heads
+    assert "rows of [q2, q3, k0, v0]" in checks["shard-qkv-rows"]["message"]
+    assert checks["gqa-kv-replicated"]["same_cause_as"] == "shard-qkv-rows"
+    assert checks["matches-single-process"]["status"] == "passed"   # as many KV heads as ranks or more: right
+    assert result["diagnoses"] == ["fused-qkv-split-wrong"]
+
+
+def test_an_all_reduce_of_the_qkv_projection_is_named(grade_source):
+    source = SOLUTION.replace("        qkv = F.linear(x, self.w_qkv, self.b_qkv)\n",
+                              "        qkv = F.linear(x, self.w_qkv, self.b_qkv)\n        dist.all_reduce(qkv)\n")
+    result = grade_source("tp-attention", source)
+    checks = checks_by_id(result)
+    assert checks["one-all-reduce"]["diagnosis"] == "all-reduce-after-qkv"
+    assert "all_reduce of [2, 5, 36], all_reduce of [2, 5, 48]" in checks["one-all-reduce"]["message"]   # (4 + 2) heads of 6
+    assert checks["matches-single-process"]["diagnosis"] == "all-reduce-after-qkv"
+    assert result["diagnoses"] == ["all-reduce-after-qkv"]
+
+
+def test_an_all_gather_instead_of_the_all_reduce_is_counted(grade_source):
+    source = SOLUTION.replace("        dist.all_reduce(out)\n        return out\n", """\
+        parts = [torch.empty_like(out) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, out)
+        return torch.stack(parts).sum(0)
+""")
+    result = grade_source("tp-attention", source)
+    checks = checks_by_id(result)
+    assert checks["one-all-reduce"]["status"] == "failed" and "all_gather" in checks["one-all-reduce"]["message"]
+    assert checks["one-all-reduce"]["diagnosis"] is None
+    assert checks["matches-single-process"]["status"] == "passed"
+
+
+def test_a_rank_that_keeps_the_full_weights_holds_too_many_parameters(grade_source):
+    source = SOLUTION.replace("        self.rank = rank\n", "        self.rank = rank\n"
+                              "        self.full = nn.Parameter(state_dict['c_attn.weight'].clone())\n")
+    checks = checks_by_id(grade_source("tp-attention", source))
+    assert checks["parameters-per-rank"]["status"] == "failed"
+    assert "full (" in checks["parameters-per-rank"]["message"]
+    assert checks["matches-single-process"]["status"] == "passed"
+
+
+def test_a_forward_without_the_all_reduce_returns_shares(grade_source):
+    source = SOLUTION.replace("        dist.all_reduce(out)\n", "")
+    checks = checks_by_id(grade_source("tp-attention", source))
+    assert "rank 0's output differ" in checks["matches-single-process"]["message"]
+    assert "no collective" in checks["one-all-reduce"]["message"]
+
+
+def test_a_rank_that_raises_fails_the_check_with_its_message(grade_source):
+    source = SOLUTION.replace("        B, T, C = x.shape\n", "        B, T, C = x.shape\n"
+                              "        if self.rank == 1:\n            raise RuntimeError('rank 1 is out of memory')\n")
+    start = time.monotonic()
+    checks = checks_by_id(grade_source("tp-attention", source))
+    assert "rank 1 is out of memory" in checks["matches-single-process"]["message"]
+    assert checks["shard-qkv-rows"]["status"] == "passed"
+    assert time.monotonic() - start < 60   # rank 0, left in its all-reduce, is stopped, not waited for
+
+
+def test_a_nan_output_and_a_wrong_dtype_are_reported(grade_source):
+    checks = checks_by_id(grade_source("tp-attention", SOLUTION.replace("        return out\n",
+                                                                        "        return out * float('nan')\n")))
+    assert "NaN" in checks["matches-single-process"]["message"]
+    checks = checks_by_id(grade_source("tp-attention", SOLUTION.replace("        return out\n",
+                                                                        "        return out.float()\n")))
+    assert "wrong dtype" in checks["matches-single-process"]["message"]
+
+
+def test_a_bad_split_must_raise_value_error(grade_source):
+    source = SOLUTION.replace('raise ValueError(f"can', 'raise RuntimeError(f"can')
+    message = checks_by_id(grade_source("tp-attention", source))["rejects-bad-split"]["message"]
+    assert "cannot be split over 4 ranks" in message and "RuntimeError" in message
