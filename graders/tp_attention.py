@@ -191,9 +191,9 @@ def test_parameters_per_rank(learner, bugs, rng):
     """each rank holds exactly its shards' parameters: 1/world_size of the layer but the copied KV heads and the output bias"""
     for world, (B, T, d, H, Hkv) in ((2, CONFIGS[2][0]), REPLICATED[0]):
         sd = full_weights(rng, d, H, Hkv)
-        with learner.ranks(world) as ranks:
-            mods = build(ranks, sd, H, Hkv, world)
-            infos = ranks.each(lambda r, L: L.module_info(mods[r]))
+        ranks = learner.ranks(world)
+        mods = build(ranks, sd, H, Hkv, world)
+        infos = ranks.each(lambda r, L: L.module_info(mods[r]))
         expected = per_rank(d, H, Hkv, world)
         kv = max(Hkv // world, 1)
         for rank, info in enumerate(infos):
@@ -242,11 +242,11 @@ def compare(ranks, bugs, kata, rng, world, cfg, *, dtype=torch.float64):
 def test_matches_single_process(learner, bugs, kata, rng):
     """every rank's output equals the single-process module's at 2 and 4 ranks"""
     for world, configs in CONFIGS.items():
-        with learner.ranks(world) as ranks:   # one group per world: starting one costs more than a forward
-            for cfg in configs:
-                compare(ranks, bugs, kata, rng, world, cfg)
-            if world == 2:
-                compare(ranks, bugs, kata, rng, world, configs[1], dtype=torch.float32)
+        ranks = learner.ranks(world)
+        for cfg in configs:
+            compare(ranks, bugs, kata, rng, world, cfg)
+        if world == 2:
+            compare(ranks, bugs, kata, rng, world, configs[1], dtype=torch.float32)
 
 
 def collectives(ops) -> list[tuple[str, tuple]]:
@@ -267,16 +267,16 @@ def test_one_all_reduce(learner, bugs, rng):
         case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H, Hkv=Hkv, world=world)
         hd, kv = d // H, max(Hkv // world, 1)
         qkv_widths = {(H + 2 * Hkv) * hd, (H // world + 2 * kv) * hd}   # the full and the rank's projection
-        with learner.ranks(world) as ranks:
-            mods = build(ranks, sd, H, Hkv, world)
-            forward_all(ranks, mods, normal(rng, B, T, d))   # a first call: lazy set-up happens before measuring
+        ranks = learner.ranks(world)
+        mods = build(ranks, sd, H, Hkv, world)
+        forward_all(ranks, mods, normal(rng, B, T, d))   # a first call: lazy set-up happens before measuring
+        before = ranks.loopback_bytes()
+        _, recorded_ops = forward_all(ranks, mods, x, record=True)
+        sent = None if before is None else ranks.loopback_bytes() - before
+        if sent is not None:   # the bytes of one all-reduce of the output, sent by kit code in the ranks
             before = ranks.loopback_bytes()
-            _, recorded_ops = forward_all(ranks, mods, x, record=True)
-            sent = None if before is None else ranks.loopback_bytes() - before
-            if sent is not None:   # the bytes of one all-reduce of the output, sent by kit code in the ranks
-                before = ranks.loopback_bytes()
-                ranks.each(lambda r, L: L.kit_function("all_reduce")(torch.zeros(B, T, d, dtype=torch.float64)))
-                one = ranks.loopback_bytes() - before
+            ranks.each(lambda r, L: L.kit_function("all_reduce")(torch.zeros(B, T, d, dtype=torch.float64)))
+            one = ranks.loopback_bytes() - before
         for rank, ops in enumerate(recorded_ops):
             calls = collectives(ops)
             after_qkv = any(name == "all_reduce" and shape and shape[-1] in qkv_widths for name, shape in calls)

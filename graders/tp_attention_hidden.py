@@ -8,9 +8,9 @@ from graders.tp_attention import CALL, CASE, REPLICATED, build, compare, forward
 def test_gqa_kv_replicated(learner, bugs, kata, rng):
     """fewer KV heads than ranks (2 KV heads over 4 ranks, one KV head over 2 and 4) equal the single-process module"""
     for world in (4, 2):
-        with learner.ranks(world) as ranks:
-            for cfg in (cfg for w, cfg in REPLICATED if w == world):
-                compare(ranks, bugs, kata, rng, world, cfg)
+        ranks = learner.ranks(world)
+        for cfg in (cfg for w, cfg in REPLICATED if w == world):
+            compare(ranks, bugs, kata, rng, world, cfg)
 
 
 def test_bias_added_once(learner, bugs, kata, rng):
@@ -22,8 +22,8 @@ def test_bias_added_once(learner, bugs, kata, rng):
         x = normal(rng, B, T, d)
         call = CALL.format(H=H, Hkv=Hkv, world=world)
         case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H, Hkv=Hkv, world=world) + "; then c_proj.weight = 0"
-        with learner.ranks(world) as ranks:
-            outs, _ = forward_all(ranks, build(ranks, sd, H, Hkv, world), x)
+        ranks = learner.ranks(world)
+        outs, _ = forward_all(ranks, build(ranks, sd, H, Hkv, world), x)
         diagnose = lambda: bugs.match(tuple(outs), lambda impl: simulate(impl.TensorParallelAttention, sd, H, Hkv,
                                                                           world, x)[0], **kata.tolerance("float32"))
         for rank, got in enumerate(outs):

@@ -91,11 +91,11 @@ def _group_run(isolated: bool, world: int) -> dict:
 
 def _report(path: Path, isolated: bool, world: int) -> dict:
     with Zygote(["torch"], isolated=isolated, container=not isolated) as zygote:
-        sandbox = Sandbox(path, zygote=zygote, framework="torch", module_name="ranked", timeout_s=10,
-                          import_timeout_s=60, memory_mb=2048, spawn=False)
-        with Learner(sandbox).ranks(world) as ranks:
-            import torch
+        import torch
 
+        with Sandbox(path, zygote=zygote, framework="torch", module_name="ranked", timeout_s=10,
+                     import_timeout_s=60, memory_mb=2048, spawn=False) as sandbox:
+            ranks = Learner(sandbox).ranks(world)
             summed = ranks.each(lambda r, learner: learner.summed(torch.ones(3)))
             return {"summed": [[x.tolist(), rank, size] for x, rank, size in summed],
                     "families": ranks.each(lambda r, learner: learner.families())[0],
@@ -143,20 +143,18 @@ def zygote():
 
 @pytest.fixture
 def ranks_of(tmp_path, zygote):
-    opened = []
+    sandboxes = []
 
     def make(world, timeout_s=10):
-        path = tmp_path / f"ranked{len(opened)}.py"
+        path = tmp_path / f"ranked{len(sandboxes)}.py"
         path.write_text(SOURCE)
-        sandbox = Sandbox(path, zygote=zygote, framework="torch", module_name="ranked", timeout_s=timeout_s,
-                          import_timeout_s=60, memory_mb=2048, spawn=False)
-        context = Learner(sandbox).ranks(world)
-        opened.append(context)
-        return context.__enter__()
+        sandboxes.append(Sandbox(path, zygote=zygote, framework="torch", module_name="ranked", timeout_s=timeout_s,
+                                 import_timeout_s=60, memory_mb=2048, spawn=False))
+        return Learner(sandboxes[-1]).ranks(world)
 
     yield make
-    for context in opened:
-        context.__exit__(None, None, None)
+    for sandbox in sandboxes:   # closing a sandbox closes its rank groups
+        sandbox.close()
 
 
 def test_two_learners_groups_cannot_reach_each_other(ranks_of):
@@ -213,3 +211,17 @@ def test_the_groups_loopback_traffic_is_counted_from_outside(ranks_of):
     ranks.each(lambda r, learner: learner.kit_function("all_reduce")(torch.ones(25_000)))   # 100 kB a rank
     sent = ranks.loopback_bytes() - before
     assert 100_000 <= sent <= 400_000, sent
+
+
+def test_a_grading_keeps_one_group_per_world_and_closing_its_sandbox_ends_it(ranks_of):
+    import torch
+
+    ranks = ranks_of(2)
+    ranks.each(lambda r, learner: learner.summed(torch.ones(1)))
+    pids = [rank.proc.pid for rank in ranks.group.ranks]
+    sandbox = ranks.group.sandbox
+    assert sandbox.rank_group(2) is ranks.group and sandbox.rank_group(4) is not ranks.group
+    ranks.each(lambda r, learner: learner.summed(torch.ones(1)))
+    assert [rank.proc.pid for rank in ranks.group.ranks] == pids   # the same processes: no second start
+    sandbox.close()
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)

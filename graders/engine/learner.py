@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from .failures import LearnerRaised, NotStarted, SandboxFailed, sentence
-from .sandbox import LoadError, RankGroup, SandboxError, describe_error
+from .sandbox import LoadError, SandboxError, describe_error
 
 PLAIN_TENSOR_TYPES = ("torch.Tensor", "torch.nn.parameter.Parameter")
 OUTPUT_SHOWN = 8192   # characters of a check's printed output kept in its report
@@ -83,6 +83,7 @@ class Learner:
         self._sandbox, self.device, self.seed, self._trace = sandbox, device, seed, trace
         self._recording = None
         self._printed = []
+        self._ranks = {}   # world size -> Ranks
         self.custom_operators = set()   # seen in a recording: what their bodies computed was not recorded
 
     def __getattr__(self, name):
@@ -126,14 +127,12 @@ class Learner:
         finally:
             sandbox.close()
 
-    @contextlib.contextmanager
-    def ranks(self, world: int):
-        """This learner's file run as the ``world`` ranks of one torch.distributed group (see Ranks)."""
-        ranks = Ranks(self, world)
-        try:
-            yield ranks
-        finally:
-            ranks.group.close()
+    def ranks(self, world: int) -> "Ranks":
+        """This learner's file run as the ``world`` ranks of one torch.distributed group (see Ranks):
+        the same group for the whole grading, closed with the learner's sandbox."""
+        if world not in self._ranks:
+            self._ranks[world] = Ranks(self, world)
+        return self._ranks[world]
 
     def take_output(self) -> str:
         """What the learner's code printed since the last call of this (capped in the sandbox)."""
@@ -419,7 +418,7 @@ class Ranks:
 
     def __init__(self, learner: Learner, world: int):
         self.world = world
-        self.group = RankGroup(learner._sandbox, world)
+        self.group = learner._sandbox.rank_group(world)
         # Only rank 0's answers go into a mutant's trace: the ranks' threads would mix their order.
         self.learners = [Learner(sandbox, device=learner.device, seed=learner.seed,
                                  trace=learner._trace if rank == 0 else None)

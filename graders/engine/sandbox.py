@@ -551,6 +551,7 @@ class Sandbox:
         self.load_error = None      # a LoadError, once loading failed: never retried
         self.stderr_tail = b""
         self.timeouts = 0
+        self.groups = {}            # world size -> the RankGroup of this file (see ``rank_group``)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -585,10 +586,20 @@ class Sandbox:
         other = copy.copy(self)
         other.appended = self.appended + appended
         other.proc = other.loaded = other.load_error = None
+        other.groups = {}
         other.stderr_tail, other.timeouts = b"", 0
         return other
 
+    def rank_group(self, world: int) -> "RankGroup":
+        """This file's group of ``world`` ranks (see RankGroup): one per world size for the whole
+        grading, since starting one costs more than a check's calls; closed with this sandbox."""
+        if world not in self.groups:
+            self.groups[world] = RankGroup(self, world)
+        return self.groups[world]
+
     def close(self):
+        for group in self.groups.values():
+            group.close()
         if self.proc is not None:
             self._kill()
             for fd in (self.req_w, self.resp_r):
@@ -888,6 +899,7 @@ class RankSandbox(Sandbox):
         self.group, self.rank = group, rank
         self.spawn = True   # gloo's own threads
         self.proc = self.loaded = self.load_error = self.tmp = None
+        self.groups = {}
         self.stderr_tail, self.timeouts = b"", 0
 
     def pipes(self) -> tuple[list[int], int]:

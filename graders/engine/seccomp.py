@@ -31,7 +31,8 @@ reads the interfaces' addresses), and only those, in a network namespace of the 
 holds nothing but its loopback (see ``worker._fork_isolated``): no rank reaches another sandbox or
 the network, and with no capability left none can change that network. The kernel memory of those
 sockets is bounded by their count (RLIMIT_NOFILE) and the kernel's buffer limits. The zygote,
-which brings that loopback up, may make the same sockets. Without bwrap (a grading container) the
+which brings that loopback up, may make sockets: every worker's own filter refuses them again (the
+zygote's filter is also kept small, as it passes through a file that RLIMIT_FSIZE caps). Without bwrap (a grading container) the
 ranks share the container's network, which the container bounds.
 """
 from __future__ import annotations
@@ -88,9 +89,10 @@ def _build(worker: bool, spawn: bool = True, ranks: bool = False) -> bytes:
             f.add_rule(s.KILL_PROCESS, "clone", s.Arg(0, s.MASKED_EQ, CLONE_THREAD, 0))
         else:
             f.add_rule(s.KILL_PROCESS, "clone")
-    inet = ranks or not worker   # AF_INET sockets, in a rank group's own loopback-only network
     for name in DOCKER_REFUSED + HIDDEN_MEMORY + (WORKER_ONLY if worker else ()):
-        if name == "socket" and inet:
+        if name == "socket" and not worker:
+            continue   # the zygote brings a rank group's loopback up; each worker's own filter refuses sockets
+        if name == "socket" and ranks:   # AF_INET sockets, in a rank group's own loopback-only network
             # Every family but AF_INET and AF_NETLINK's NETLINK_ROUTE (one comparison per rule).
             for family in range(MAX_FAMILY):
                 if family not in (AF_INET, AF_NETLINK):
