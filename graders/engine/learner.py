@@ -425,9 +425,8 @@ class Ranks:
                          for rank, sandbox in enumerate(self.group.ranks)]
 
     def each(self, fn) -> list:
-        """``[fn(rank, learner) for each rank]``, run at once. The first failure in time (the
-        cause: the other ranks fail after it, stopped or left waiting in a collective) stops the
-        group and is raised; the next ``each`` starts the group afresh."""
+        """``[fn(rank, learner) for each rank]``, run at once. A failure stops the group; the one
+        raised is the cause (see ``_run``), and the next ``each`` starts the group afresh."""
         if not self.group.running:
             self.group.start()
             timeout_s = self.group.sandbox.timeout_s
@@ -456,7 +455,7 @@ class Ranks:
             thread.join()
         if failures:
             # A collective that failed (a peer gone, or one that never joined) is the consequence of
-            # another rank's failure when there is one: that failure is raised.
+            # another rank's failure when there is one: that failure is raised, else the first in time.
             raise min(failures, key=lambda f: (_COLLECTIVE_FAILED in str(f[2]), *f[:2]))[2]
         return results
 
