@@ -249,6 +249,44 @@ def test_matches_single_process(learner, bugs, kata, rng):
             compare(ranks, bugs, kata, rng, world, configs[1], dtype=torch.float32)
 
 
+def own_shards(reference, sd, H, Hkv, rank, world):
+    """``sd`` as rank ``rank`` may read it: NaN in every weight outside its shards (the rows of c_attn
+    and of its bias that the reference's shard_qkv does not give it, the columns of c_proj that its
+    shard_out does not); c_proj's bias, which every rank holds, whole."""
+    rows, d = sd["c_attn.weight"].shape
+    index = torch.arange(rows, dtype=torch.float64)
+    held = torch.zeros(rows, dtype=torch.bool)
+    held[reference.shard_qkv(index[:, None], index, H, Hkv, rank, world)[1].long()] = True
+    cols = torch.zeros(d, dtype=torch.bool)
+    cols[reference.shard_out(torch.arange(d, dtype=torch.float64)[None, :], rank, world)[0].long()] = True
+    nan = float("nan")
+    return {"c_attn.weight": sd["c_attn.weight"].masked_fill(~held[:, None], nan),
+            "c_attn.bias": sd["c_attn.bias"].masked_fill(~held, nan),
+            "c_proj.weight": sd["c_proj.weight"].masked_fill(~cols, nan), "c_proj.bias": sd["c_proj.bias"]}
+
+
+def test_own_shards_only(learner, bugs, kata, rng):
+    """each rank computes from its own shards alone: the weights it does not hold, NaN on that rank, change nothing"""
+    for world, (B, T, d, H, Hkv) in ((2, CONFIGS[2][1]), REPLICATED[0]):
+        sd, x = full_weights(rng, d, H, Hkv), normal(rng, B, T, d)
+        mine = [own_shards(bugs.reference, sd, H, Hkv, rank, world) for rank in range(world)]
+        call = CALL.format(H=H, Hkv=Hkv, world=world).replace("state_dict", "state_dict_of_rank")
+        case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H, Hkv=Hkv, world=world) + \
+            "; each rank's state_dict NaN outside its shards (other heads' rows of c_attn, other columns of c_proj)"
+        ranks = learner.ranks(world)
+        outs, _ = forward_all(ranks, ranks.each(lambda r, L: L.TensorParallelAttention(mine[r], H, Hkv, r, world)), x)
+        expected = single(bugs.expected.CausalSelfAttention, sd, H, Hkv, x)
+        for rank, got in enumerate(outs):
+            expect.that(not (isinstance(got, torch.Tensor) and got.isnan().any()), f"Rank {rank}'s output holds NaN, "
+                        "and only the weights it does not hold were NaN: it computes with weights outside its shards "
+                        "(a copy of the full matrices, or another rank's heads), so the work is not divided.",
+                        call=f"{call}: rank {rank}'s output", case=case, got="NaN in the output",
+                        expected="the single-process module's output, from this rank's shards and the others' shares")
+            expect.array(got, expected, call=f"{call}: rank {rank}'s output", case=case, what=f"rank {rank}'s output",
+                         against="the single-process CausalSelfAttention with the full weights",
+                         **kata.tolerance("float64"))
+
+
 def collectives(ops) -> list[tuple[str, tuple]]:
     """(name, shape of the first tensor) of each torch.distributed collective among recorded ops."""
     found = []

@@ -202,3 +202,29 @@ def test_a_bad_split_must_raise_value_error(grade_source):
     source = SOLUTION.replace('raise ValueError(f"can', 'raise RuntimeError(f"can')
     message = checks_by_id(grade_source("tp-attention", source))["rejects-bad-split"]["message"]
     assert "cannot be split over 4 ranks" in message and "RuntimeError" in message
+
+
+def test_a_rank_that_computes_the_whole_layer_from_weights_it_kept_is_caught(grade_source):
+    """Every head and the whole output projection on every rank, from the full weights kept outside
+    the parameters, the output divided by world_size and all-reduced: the right output, a rank's
+    parameters and one all-reduce of the output's shape, but no work divided. A rank given NaN for
+    every weight outside its shards shows it."""
+    source = SOLUTION[:SOLUTION.index("    def forward")].replace("        self.rank = rank\n", """\
+        self.rank, self.world, self.H, self.Hkv = rank, world_size, n_heads, n_kv_heads
+        self.full = {k: v.clone() for k, v in state_dict.items()}
+""") + """\
+    def forward(self, x):
+        B, T, C = x.shape
+        f, hd, H, Hkv = self.full, self.hd, self.H, self.Hkv
+        q, k, v = F.linear(x, f["c_attn.weight"], f["c_attn.bias"]).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+        q, k, v = (t.view(B, T, -1, hd).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2).reshape(B, T, C)
+        out = F.linear(y, f["c_proj.weight"], f["c_proj.bias"]) / self.world
+        dist.all_reduce(out)
+        return out
+"""
+    checks = checks_by_id(grade_source("tp-attention", source))
+    assert checks["own-shards-only"]["status"] == "failed"
+    assert "NaN" in checks["own-shards-only"]["message"]
+    for check in ("parameters-per-rank", "matches-single-process", "one-all-reduce"):
+        assert checks[check]["status"] == "passed", check
