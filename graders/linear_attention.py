@@ -5,6 +5,7 @@ from graders.engine import expect
 from graders.engine.learner import describe_value
 from graders.engine.recording import recorded
 from graders.engine.structure import check_untampered
+from graders.engine.weights import normal
 
 B, H, D, DV = 2, 3, 4, 6   # H != d, and v's width differs from q's and k's: a k/v or S/Sᵀ mix-up shows
 # (Tq, Tk, dtype) of the non-causal form: square, more keys than queries (the sums run over the
@@ -24,13 +25,8 @@ WARM_UP = 8   # tokens stepped before the measured stream: every code path has r
 QKV_CASE = "q ({B}, {H}, {Tq}, {D}), k ({B}, {H}, {Tk}, {D}), v ({B}, {H}, {Tk}, {DV}), {dtype} standard normal"
 
 
-def randn(rng, *shape, dtype=torch.float64):
-    return torch.from_numpy(rng.standard_normal(shape)).to(dtype)
-
-
 def qkv(rng, Tq, Tk, dtype=torch.float64, b=B, h=H, d=D, dv=DV):
-    return randn(rng, b, h, Tq, d, dtype=dtype), randn(rng, b, h, Tk, d, dtype=dtype), \
-        randn(rng, b, h, Tk, dv, dtype=dtype)
+    return normal(rng, b, h, Tq, d).to(dtype), normal(rng, b, h, Tk, d).to(dtype), normal(rng, b, h, Tk, dv).to(dtype)
 
 
 def qkv_case(q, k, v, about=""):
@@ -86,7 +82,7 @@ def check_steps(learner, bugs, kata, rng, device, prefix, T, dtype=torch.float64
     if prefix is None:
         state, given, about = None, "None", "from no state (state=None: no token before the first)"
     else:
-        k0, v0 = randn(rng, b, h, prefix, d, dtype=dtype), randn(rng, b, h, prefix, dv, dtype=dtype)
+        k0, v0 = normal(rng, b, h, prefix, d).to(dtype), normal(rng, b, h, prefix, dv).to(dtype)
         state, given = bugs.expected.running_sums(k0, v0), "state"
         about = (f"from a state handed in: (S, z) of {prefix} earlier tokens (S = Σ phi(k_j) v_jᵀ, "
                  f"z = Σ phi(k_j)), so the first token here sits at position {prefix}")
@@ -136,7 +132,7 @@ def stepped(learner, q, k, v, *, case):
 def test_feature_map_values(learner, bugs, kata, rng, device):
     """elu_feature_map(x) is elu(x) + 1: x + 1 above 0, exp(x) below, in x's dtype and shape"""
     edges = torch.tensor([-30.0, -3.0, -1.0, -1e-3, 0.0, 1e-3, 1.0, 3.0, 30.0], dtype=torch.float64)
-    for x in (edges, randn(rng, B, H, 5, D) * 2, randn(rng, B, H, 3, D, dtype=torch.float32) * 2):
+    for x in (edges, normal(rng, B, H, 5, D) * 2, normal(rng, B, H, 3, D).float() * 2):
         call = "elu_feature_map(x)"
         case = (f"x = {edges.tolist()}" if x is edges else
                 f"x {str(x.dtype).removeprefix('torch.')} {list(x.shape)}, normal with standard deviation 2")
@@ -178,7 +174,7 @@ def test_causal_ignores_the_future(learner, bugs, kata, rng, device):
     # Two cut points whose only common divisor is 1: a form computed in chunks that leaks the
     # future inside a chunk shows at one of them, whatever the chunk's length.
     for t0 in (4, 7):
-        q2, k2, v2 = (torch.cat([x[..., :t0, :], randn(rng, *x[..., t0:, :].shape)], dim=-2) for x in (q, k, v))
+        q2, k2, v2 = (torch.cat([x[..., :t0, :], normal(rng, *x[..., t0:, :].shape)], dim=-2) for x in (q, k, v))
         case = qkv_case(q, k, v, f"then q, k and v of positions {t0}..{T - 1} replaced by fresh draws")
         second = learner.linear_attention(q2, k2, v2, causal=True)
         expect.form(second, torch.Tensor, (B, H, T, DV), dtype=torch.float64, device=device, call=call, case=case,
@@ -195,7 +191,7 @@ def test_constant_values_pass_through(learner, bugs, kata, rng, device):
     """each output is a weighted mean of values (the weights sum to 1): values equal for every token come out unchanged"""
     T = 7
     q, k, _ = qkv(rng, T, T)
-    c = randn(rng, B, H, 1, DV)
+    c = normal(rng, B, H, 1, DV)
     v = c.expand(B, H, T, DV).clone()   # (B, H, T, dv): every token's value is c
     tol, loose = kata.tolerance("float64"), kata.tolerance("float32")
     case = qkv_case(q, k, v, "v[:, :, t] = c for every t: a mean of equal values is that value")
@@ -283,7 +279,7 @@ def test_decode_memory_constant(learner, rng, device):
                 case=case + f"; after {WARM_UP} tokens stepped once, the whole stream",
                 got=f"{grown:,} bytes more after the stream ({grown / token:.1f} tokens' keys and values)",
                 expected=f"at most {limit:,} bytes (two states, and 512 KiB)", diagnose=lambda: "state-grows-with-t")
-    q1, k1, v1 = randn(rng, b, h, d), randn(rng, b, h, d), randn(rng, b, h, dv)
+    q1, k1, v1 = normal(rng, b, h, d), normal(rng, b, h, d), normal(rng, b, h, dv)
     call = "linear_attention_step(q_next, k_next, v_next, state)"
     peak = learner.peak_bytes(learner.linear_attention_step, q1, k1, v1, state)
     # phi(k) v_tᵀ and S + phi(k) v_tᵀ are a state each: room for four, and 64 KiB for rounding.
