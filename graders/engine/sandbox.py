@@ -546,14 +546,19 @@ class Sandbox:
         # in _wait caps memory either way.
         self.data_limit = data_limit
         self.spawn = spawn   # False: the worker is killed if it starts a thread, as for a process (see seccomp.py)
+        self._unstarted()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def _unstarted(self):
+        """The state of a sandbox whose worker has not started: what a new sandbox, a sibling and
+        a rank of a group begin with."""
         self.proc = None
         self.loaded = None          # the load reply, once loaded
         self.load_error = None      # a LoadError, once loading failed: never retried
         self.stderr_tail = b""
         self.timeouts = 0
         self.groups = {}            # world size -> the RankGroup of this file (see ``rank_group``)
-
-    # --- lifecycle ---------------------------------------------------------------------------
 
     def start(self):
         """Fork the worker; it may still be waiting for the zygote's imports when this returns."""
@@ -563,31 +568,36 @@ class Sandbox:
         self.tmp = None if self.zygote.isolated else tempfile.mkdtemp(prefix="kata-sandbox-")
         if self.tmp is not None and self.uid is not None:
             os.chown(self.tmp, self.uid, self.uid)
+        theirs, err_r = self.pipes()
+        proc = self.zygote.fork(directory=self.tmp, file_name=self.file_name,
+                                source=self.source_text + self.appended,
+                                framework=self.framework,
+                                memory_mb=self.memory_mb if self.data_limit else 0, uid=self.uid,
+                                spawn=self.spawn, fds=theirs, stderr_fd=err_r)
+        for fd in theirs:
+            os.close(fd)
+        self.started(proc, self.uid)
+        return self
+
+    def pipes(self) -> tuple[list[int], int]:
+        """New pipes to this sandbox's worker: the worker's ends (to pass on), and stderr's read end."""
         req_r, self.req_w = os.pipe()
         self.resp_r, resp_w = os.pipe()
         err_r, err_w = os.pipe()
-        self.proc = self.zygote.fork(directory=self.tmp, file_name=self.file_name,
-                                     source=self.source_text + self.appended,
-                                     framework=self.framework,
-                                     memory_mb=self.memory_mb if self.data_limit else 0, uid=self.uid,
-                                     spawn=self.spawn,
-                                     fds=[req_r, resp_w, err_w], stderr_fd=err_r)
-        for fd in (req_r, resp_w, err_w):
-            os.close(fd)
         os.set_blocking(self.req_w, False)
-        self.stderr_open = True
-        self.ready = False
-        self.loaded = None
-        return self
+        return [req_r, resp_w, err_w], err_r
+
+    def started(self, proc, uid):
+        """The worker ``proc``, forked as ``uid``, is this sandbox's: not yet ready, nothing loaded."""
+        self.proc, self.uid = proc, uid
+        self.stderr_open, self.ready, self.loaded = True, False, None
 
     def sibling(self, appended: bytes) -> "Sandbox":
         """A new sandbox (not started) under the same zygote and limits whose worker loads this
         file with ``appended`` after it: the kit's given code for a file that lacks it."""
         other = copy.copy(self)
         other.appended = self.appended + appended
-        other.proc = other.loaded = other.load_error = None
-        other.groups = {}
-        other.stderr_tail, other.timeouts = b"", 0
+        other._unstarted()
         return other
 
     def rank_group(self, world: int) -> "RankGroup":
@@ -898,21 +908,8 @@ class RankSandbox(Sandbox):
         self.__dict__.update(vars(sandbox))
         self.group, self.rank = group, rank
         self.spawn = True   # gloo's own threads
-        self.proc = self.loaded = self.load_error = self.tmp = None
-        self.groups = {}
-        self.stderr_tail, self.timeouts = b"", 0
-
-    def pipes(self) -> tuple[list[int], int]:
-        """New pipes to this rank's worker: the worker's ends (to pass on), and stderr's read end."""
-        req_r, self.req_w = os.pipe()
-        self.resp_r, resp_w = os.pipe()
-        err_r, err_w = os.pipe()
-        os.set_blocking(self.req_w, False)
-        return [req_r, resp_w, err_w], err_r
-
-    def started(self, proc, uid):
-        self.proc, self.uid = proc, uid
-        self.stderr_open, self.ready, self.loaded = True, False, None
+        self.tmp = None     # the ranks write in their group's folder, which the group removes
+        self._unstarted()
 
     def start(self):
         self._running()
