@@ -5,6 +5,7 @@ Thin on purpose: parse the command line, call the judge (graders/engine) or a fe
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -21,9 +22,9 @@ import click
 from graders.classroom import release, rules
 from graders.engine import manifest
 from graders.engine.bundle import NO_REFERENCE, bundle_info
-from graders.engine.manifest import Kata, ManifestError
+from graders.engine.manifest import ROOT, Kata, ManifestError
 from graders.engine.report import bar, render, replay
-from graders.engine.runner import DEVICES, RunnerError, grade, new_seed, resolve_device
+from graders.engine.runner import DEVICES, RunnerError, grade, new_seed, resolve_device, zygote_for
 from graders.practice import hints
 from graders.practice.history import progress, suggestions
 from graders.practice.interview import Interview, render_scorecard
@@ -231,12 +232,13 @@ def _session_seed(seed: int | None) -> int:
     return (bundle["seed"] if bundle else new_seed()) if seed is None else seed
 
 
-def _grade_and_record(ws: Workspace, kata: Kata, path: Path, *, seed: int, device: str) -> dict:
-    """Grade one file the way `kata check` does, and record the result in the workspace."""
+def _grade_and_record(ws: Workspace, kata: Kata, path: Path, *, seed: int, device: str, zygote=None) -> dict:
+    """Grade one file the way `kata check` does (its sandbox forked from ``zygote``, where one is
+    shared), and record the result in the workspace."""
     try:
         # Self-study replays hidden checks too: --seed draws their inputs as well.
         grade_file = grade_notebook if path.suffix == ".ipynb" else grade
-        result = grade_file(kata, path, seed=seed, device=device, hidden_seed=seed)
+        result = grade_file(kata, path, seed=seed, device=device, hidden_seed=seed, zygote=zygote)
     except RunnerError as exc:
         raise EnvironmentProblem(str(exc)) from None
     except ValueError as exc:   # a notebook without a solution cell
@@ -244,6 +246,18 @@ def _grade_and_record(ws: Workspace, kata: Kata, path: Path, *, seed: int, devic
     problem = ws.record_result(kata, result, scratch=not ws.owns(kata, path))
     if problem:
         click.secho(f"warning: {problem}", fg="yellow", err=True)
+    return result
+
+
+def _check_one(ws: Workspace, kata: Kata, path: Path, *, seed: int, device: str, zygote, as_json: bool) -> dict:
+    """`kata check` of one file: graded, recorded, and shown (as JSON, or as people read it)."""
+    result = _grade_and_record(ws, kata, path, seed=seed, device=device, zygote=zygote)
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        own = path.resolve() == ws.file_for(kata).resolve()
+        click.echo(render(result, kata, replay_with=replay(kata, seed, None if own else path.resolve())))
+        click.echo()
     return result
 
 
@@ -272,15 +286,13 @@ def check(kata_name, file, as_json, device, seed, workspace):
     seed = _session_seed(seed)
     _containment_note()
     results = []
-    for kata, path in jobs:
-        result = _grade_and_record(ws, kata, path, seed=seed, device=device)
-        results.append(result)
-        if as_json:
-            click.echo(json.dumps(result))
-        else:
-            own = path.resolve() == ws.file_for(kata).resolve()
-            click.echo(render(result, kata, replay_with=replay(kata, seed, None if own else path.resolve())))
-            click.echo()
+    try:
+        zygote = zygote_for([kata for kata, _ in jobs], device) if len(jobs) > 1 else None
+    except RunnerError as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    with zygote or contextlib.nullcontext():
+        for kata, path in jobs:
+            results.append(_check_one(ws, kata, path, seed=seed, device=device, zygote=zygote, as_json=as_json))
     if not as_json and len(results) > 1:
         passed = sum(r["status"] == "passed" for r in results)
         click.echo(f"{passed} of {len(results)} katas passed  {bar(passed, len(results))}")
@@ -321,13 +333,15 @@ def watch(kata_name, poll, interval, seed, workspace):
 
     previous = signal.signal(signal.SIGINT, interrupt)
     try:
-        with Watcher(katas, poll=poll, interval=interval, say=click.echo) as watcher:
+        # One zygote for the session: each check after a save costs a fork, not a Python start.
+        with zygote_for(list(katas.values()), "auto") as zygote, \
+                Watcher(katas, poll=poll, interval=interval, say=click.echo) as watcher:
             if not kata_name:   # the started katas: each is checked when it is saved, not all first
                 click.echo(f"Watching {names} (Ctrl-C to stop): each is checked when you save it.")
             for path in itertools.chain(katas if kata_name else (), watcher.changes()):
                 click.secho(f"── {time.strftime('%H:%M:%S')} · {path.name} ".ljust(72, "─"), dim=True)
                 try:
-                    result = _grade_and_record(ws, katas[path], path, seed=seed, device="auto")
+                    result = _grade_and_record(ws, katas[path], path, seed=seed, device="auto", zygote=zygote)
                 except EnvironmentProblem:
                     if interrupted:   # pytest turns a Ctrl-C mid-check into a failed run
                         raise KeyboardInterrupt from None
@@ -336,6 +350,8 @@ def watch(kata_name, poll, interval, seed, workspace):
                 click.echo(f"\nWatching {names} (Ctrl-C to stop)")
     except KeyboardInterrupt:
         click.echo("\nStopped watching.")
+    except RunnerError as exc:
+        raise EnvironmentProblem(str(exc)) from None
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -597,7 +613,7 @@ def _draw(kata: Kata, kind: str, file: Path, out: Path, **options):
 @main.group("nbgrader")
 def nbgrader_():
     """nbgrader courses generated from the katas, autograded by the kit (needs the nbgrader extra: the
-    README's instructor install)."""
+    instructor's install in docs/teaching.md)."""
 
 
 @nbgrader_.command("init")
@@ -648,7 +664,7 @@ def nbgrader_autograde(course, assignment, kata_names, jobs, no_sandbox, **polic
     _full_kit("nbgrader autograde")
     if importlib.util.find_spec("nbgrader") is None:
         raise EnvironmentProblem("nbgrader is not installed here: in the kit's clone, pip install '.[nbgrader]' "
-                                 "(the README's instructor install).")
+                                 "(the instructor's install in docs/teaching.md).")
     source = course / "source" / assignment
     katas = [k for k in _kata_list(kata_names) if (source / f"{k.module}.ipynb").is_file()]
     if not katas:
@@ -835,17 +851,24 @@ def _replay(run):
 @main.command()
 @click.argument("kata_name", metavar="[KATA]", required=False)
 @click.option("--seed", type=int, help="Seed for the graded runs (random if not given).")
+@click.option("--deep", is_flag=True, help="Every rule, the graded ones at the seeds a class could draw, and "
+              "the verdict recorded in the kata's lint.json, which the test suite checks.")
 @click.option("--mutants", is_flag=True, help="Grade mutants of the references instead: how many small "
               "mistakes does each grader catch?")
 @click.option("--seeds", type=click.IntRange(1), default=2, show_default=True,
               help="With --mutants: seeds each mutant is graded at (from --seed on).")
 @click.option("--sample", type=click.IntRange(1), help="With --mutants: only the first N mutants of each kata.")
-def lint(kata_name, seed, mutants, seeds, sample):
+def lint(kata_name, seed, deep, mutants, seeds, sample):
     """Check the katas' content like code (for authors).
 
-    For each kata: stub and reference share names, signatures and docstrings; every task has a
-    hint; the reference passes with full score; the stub is not-started; every bug oracle is
-    caught with its own diagnosis.
+    Every rule that reads a kata's files (docs/authoring.md lists them), then the reference, the
+    stub and every bug oracle graded at one seed: the reference must get full marks, the stub come
+    out not-started, each bug oracle be caught with its own diagnosis.
+
+    With --deep: every rule the test suite applies, the graded ones at each of the seeds a class
+    could draw (every bug oracle and style-zoo file, the structure of every check's cases), and
+    when all hold, the verdict recorded with the kata's fingerprint in katas/KATA/lint.json: commit
+    it with the kata.
 
     With --mutants: each reference is changed in one small way at a time (operands or dims
     swapped, a transpose, scale or cast dropped, tril for triu, an off-by-one, a flipped mask...)
@@ -853,26 +876,61 @@ def lint(kata_name, seed, mutants, seeds, sample):
     call exactly as the reference did) or a survivor; each kata's grader must kill at least 95 %
     of the mutants that are not equivalent. Survivors are shown with their change.
     """
-    from graders.authoring.lint import lint as lint_kata
+    from graders.authoring import deep as rules
 
     _full_kit("lint")
     katas = [_kata(kata_name)] if kata_name else _all_katas()
     seed = new_seed() if seed is None else seed
     if mutants:
         _lint_mutants(katas, list(range(seed, seed + seeds)), sample)
-    click.echo(f"Linting {len(katas)} kata(s) with seed {seed}")
+    if deep:
+        click.echo(f"Linting {len(katas)} kata(s) deeply, at {len(rules.SEEDS)} seeds")
+    else:
+        click.echo(f"Linting {len(katas)} kata(s) with seed {seed}")
 
     def show(finding):
         mark = click.style("✓", fg="green") if finding.ok else click.style("✗", fg="red")
         click.echo(f"  {mark} {finding.kata}: {finding.what}")
 
+    findings = []
     try:
-        findings = [f for kata in katas for f in lint_kata(kata, seed=seed, progress=show)]
+        for kata in katas:
+            if not deep:
+                findings += rules.check(kata, seed=seed, progress=show)
+                continue
+            found, record = rules.deep(kata, progress=show)
+            findings += found
+            click.echo(f"  {kata.slug}: " + (f"recorded in {record.relative_to(ROOT)}: commit it with the kata"
+                                            if record else "nothing recorded: fix what is marked ✗ and run it again"))
     except RunnerError as exc:
         raise EnvironmentProblem(str(exc)) from None
     problems = [f for f in findings if not f.ok]
     click.echo(f"lint: {len(findings) - len(problems)} ok, {len(problems)} problem(s)")
     sys.exit(1 if problems else 0)
+
+
+@main.command("new")
+@click.argument("slug")
+@click.option("--framework", type=click.Choice(["torch", "numpy"]), default="torch", show_default=True,
+              help="What the learner writes with.")
+def new_kata(slug, framework):
+    """Write every file a new kata needs, in its place (for authors).
+
+    A working kata to edit: its manifest, README and stub in katas/SLUG/, its reference and bug
+    oracles in reference/, its graders in graders/, its own tests and style zoo in tests/, and its
+    row in the README's table of katas. `kata lint SLUG` names every place still marked
+    TODO(kata new); docs/authoring.md says what goes there.
+    """
+    from graders.authoring.new import NewKataError, write
+
+    _full_kit("new")
+    try:
+        written = write(slug, framework)
+    except NewKataError as exc:
+        raise click.UsageError(str(exc)) from None
+    for path in written:
+        click.echo(f"  wrote {path.relative_to(ROOT)}")
+    click.echo(f"Next: `kata lint {slug}` lists what is left to write; docs/authoring.md is the guide.")
 
 
 def _lint_mutants(katas, seeds: list[int], sample: int | None):

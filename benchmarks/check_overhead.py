@@ -4,8 +4,8 @@ Both sides grade the reference of each kata with the same grader, the same seed 
 checks, each as a fresh process (what a learner waits for):
 - sandboxed: the installed `kata check KATA --file ref.py` (a worker process, pipes, .npy);
 - plain:     this script's `--plain` mode: pytest runs the same grader, but the learner's module is
-             executed in the pytest process itself (the worker's request handler is called
-             directly: no process, no pipes, no isolation).
+             executed in the pytest process itself (cases.InProcessSandbox: the worker's request
+             handler called directly, no process, no pipes, no isolation).
 Runs alternate between the two so that machine noise hits both alike; medians are reported.
 
     python benchmarks/check_overhead.py [--runs 7] [KATA ...]     (default: softmax mha)
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import os
 import statistics
 import subprocess
@@ -27,44 +26,17 @@ KATA = Path(sys.executable).with_name("kata")
 SEED = "1"
 
 
-class InProcessSandbox:
-    """The Sandbox interface, with the learner's module run inside this process."""
-
-    def __init__(self, path: Path, kata):
-        from graders.engine.worker import Worker
-
-        self.source_text = path.read_bytes()
-        self.file_name = path.name
-        self.framework = kata.framework
-        self.load_error = None
-        os.chdir(path.parent)
-        self.worker = Worker(None, None, kata.framework)
-        self.loaded = self.request({"op": "load", "path": path.name, "name": kata.module}, [])[0]
-
-    def ensure_loaded(self):
-        return self.loaded
-
-    def request(self, header, blobs, timeout_s=None, what=""):
-        # Through the same framing as the real sandbox, so only the process boundary differs.
-        from graders.engine.worker import encode_frame, parse_frame
-
-        request = parse_frame(io.BytesIO(encode_frame(header, blobs)).read)
-        return parse_frame(io.BytesIO(encode_frame(*self.worker.handle(*request))).read)
-
-    def close(self):
-        pass
-
-
 def plain(slug: str, file: str):
+    from graders.authoring.cases import InProcessSandbox
     from graders.engine.manifest import find
-    from graders.engine.recording import Book
-    from graders.engine.runner import Grading, _run_pytest
+    from graders.engine.runner import grade_seeds
 
     kata = find(slug)
-    sandbox = InProcessSandbox(Path(file).resolve(), kata)
-    grading = Grading(int(SEED), int(SEED), Book(), lambda: contextlib.nullcontext(sandbox))
-    _run_pytest(kata, [grading], device="cpu", release=None)
-    assert all(r["status"] in ("passed", "skipped") for r in grading.reports.values()), grading.reports
+    source = Path(file).read_bytes()
+    with tempfile.TemporaryDirectory() as folder:
+        result, = grade_seeds(kata, Path(file), [int(SEED)], device="cpu",
+                              sandbox=lambda: contextlib.nullcontext(InProcessSandbox(kata, source, folder)))
+    assert result["status"] == "passed", result
 
 
 def timed(command: list[str]) -> float:

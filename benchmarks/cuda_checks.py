@@ -70,7 +70,7 @@ def main():
     for slug in args.katas or cuda_katas():
         kata = find(slug)
         runs = [(kata.reference_path, int(seed)) for seed in args.seeds.split(",")]
-        runs += [(path, 1) for path in sorted((ROOT / "tests" / "zoo" / slug).glob("*.py"))]
+        runs += [(path, 1) for path in sorted(kata.files["zoo"].glob("*.py"))]
         ids = cuda_ids(slug)
         for source, seed in runs:
             result = check(slug, source, seed)

@@ -139,10 +139,10 @@ def test_device_honoured(learner, bugs, kata, device):
                    device="cuda", diagnose=lambda: bugs.match(got, lambda impl: impl.causal_mask(4, 6), **tol))
 
 
-def test_padding_mask_values(learner, bugs, kata, rng, device):
+def test_padding_mask_values(learner, bugs, kata, case_rng, device):
     """padding_mask is True exactly at the first lengths[b] positions, shaped (B, 1, 1, max_len)"""
     tol = kata.tolerance("float64")
-    for lengths, max_len in ((torch.tensor([5, 2, 7, 0]), 7), (torch.from_numpy(rng.integers(1, 9, size=3)), 8)):
+    for lengths, max_len in ((torch.tensor([5, 2, 7, 0]), 7), (torch.from_numpy(case_rng.integers(1, 9, size=3)), 8)):
         expected = bugs.expected.padding(lengths, max_len)   # (B, 1, 1, T)
         got = learner.padding_mask(lengths, max_len)
         check_mask(got, expected, call=f"padding_mask(lengths, {max_len})", device=device,
@@ -150,11 +150,11 @@ def test_padding_mask_values(learner, bugs, kata, rng, device):
                    diagnose=lambda: bugs.match(got, lambda impl: impl.padding_mask(lengths, max_len), **tol))
 
 
-def test_matches_sdpa_and_reference(learner, bugs, kata, rng, device):
+def test_matches_sdpa_and_reference(learner, bugs, kata, case_rng, rng, device):
     """masked_attention equals F.scaled_dot_product_attention (output) and the reference (weights)"""
     # Every query keeps a key and loses one, so attention under ~m is defined too (see diagnose_attention).
     # This case comes first, so that a masked_attention reading the mask inverted is diagnosed here.
-    allowed = ((rng.random((B, 1, 5, 8)) < 0.5) & ~np.eye(5, 8, k=3, dtype=bool)) | np.eye(5, 8, dtype=bool)
+    allowed = ((case_rng.random((B, 1, 5, 8)) < 0.5) & ~np.eye(5, 8, k=3, dtype=bool)) | np.eye(5, 8, dtype=bool)
     cases = [  # (batch axes, Tq, Tk, mask, mask as the call shows it, what the case is, dtype)
         ((B, H), 5, 8, torch.from_numpy(allowed), "m", "m: a random bool mask, the same for every head",
          torch.float64),
@@ -181,9 +181,9 @@ def test_matches_sdpa_and_reference(learner, bugs, kata, rng, device):
                         device=device, diagnose=lambda: diagnose_attention(bugs, result, q, k, v, mask, loose))
 
 
-def test_fully_masked_rows_are_zero(learner, bugs, kata, rng, device):
+def test_fully_masked_rows_are_zero(learner, bugs, kata, case_rng, rng, device):
     """a query with no allowed key gets zero weights and a zero output, never NaN"""
-    allowed = (rng.random((B, 1, 5, 6)) < 0.5) | np.eye(5, 6, dtype=bool)
+    allowed = (case_rng.random((B, 1, 5, 6)) < 0.5) | np.eye(5, 6, dtype=bool)
     allowed[0, 0, [0, 3]] = False
     allowed[1, 0, [1, 4]] = False
     cases = [  # (Tq, Tk, mask, mask as the call shows it, which rows have no allowed key)
@@ -229,7 +229,7 @@ def test_causal_and_padding_combined(learner, bugs, kata, rng, device):
             or diagnose_attention(bugs, result, q, k, v, right, loose))
 
 
-def test_banned_api(learner, bugs, kata, rng):
+def test_banned_api(learner, bugs, kata, case_rng, rng):
     """no library attention: masks and attention written with tensor operations"""
     # Only this property: calls that complete without a library attention, whatever they return.
     mask = bugs.reference.causal_mask(5)   # (T, T)
@@ -237,7 +237,7 @@ def test_banned_api(learner, bugs, kata, rng):
     q, k, v = qkv(rng, (B, H), 5, 5)   # fresh: no earlier call saw it, so memoised outputs cannot skip the ops
     with learner.recording() as ops:   # the masks too: 10 keys is a size no other call uses
         learner.causal_mask(5, 10)
-        learner.padding_mask(torch.from_numpy(rng.integers(1, 11, size=B)), 10)
+        learner.padding_mask(torch.from_numpy(case_rng.integers(1, 11, size=B)), 10)
         learner.masked_attention(q, k, v, mask=mask)
     used = banned_used(learner.source, ops, kata.banned)
     call = "masked_attention(q, k, v, mask=causal_mask(5))"

@@ -1,4 +1,4 @@
-"""Hidden checks of the causal-mask kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the causal-mask kata: fresh values at each grading, never in a student bundle."""
 import torch
 
 from graders.causal_mask import B, D, DV, H, mask_call, pair_form, qkv, randn, tolerances

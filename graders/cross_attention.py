@@ -52,18 +52,18 @@ def inputs(rng, B, Tq, Tk, d, kdim, vdim, dtype=torch.float64):
     return tuple(normal(rng, B, T, w).to(dtype) for T, w in ((Tq, d), (Tk, kdim), (Tk, vdim)))
 
 
-def padding(rng, B, Tk):
+def padding(case_rng, B, Tk):
     """key_padding_mask (B, Tk), True on each sequence's first lengths[b] keys: lengths differ
     between rows and each row keeps 2 real keys or more and 1 padded key or more, so no query is
     left without a key, even when the mask is read inverted."""
-    lengths = torch.from_numpy(rng.choice(range(2, Tk), size=B, replace=False))
+    lengths = torch.from_numpy(case_rng.choice(range(2, Tk), size=B, replace=False))
     return torch.arange(Tk)[None, :] < lengths[:, None]   # (B, Tk)
 
 
-def pattern(rng, *lead, Tq, Tk):
+def pattern(case_rng, *lead, Tq, Tk):
     """A random attn_mask (*lead, Tq, Tk), True = may attend. Key 0 is allowed to every query and
     key 1 to none (both are real keys in every padded row), so every row keeps a key, even inverted."""
-    allowed = torch.from_numpy(rng.random((*lead, Tq, Tk)) < 0.6)
+    allowed = torch.from_numpy(case_rng.random((*lead, Tq, Tk)) < 0.6)
     allowed[..., 0], allowed[..., 1] = True, False
     return allowed
 
@@ -337,16 +337,16 @@ def test_parameter_count(learner):
     check_untampered(learner, call=constructor(cfg))
 
 
-def test_matches_torch_mha(learner, bugs, kata, rng, device):
+def test_matches_torch_mha(learner, bugs, kata, case_rng, rng, device):
     """with injected weights, output and per-head weights equal nn.MultiheadAttention(..., kdim, vdim), masks converted"""
     compare(learner, bugs, kata, rng, device, DEFAULTS)
     B, Tq, Tk = WIDTHS[:3]
-    compare(learner, bugs, kata, rng, device, WIDTHS, kpm=padding(rng, B, Tk))
+    compare(learner, bugs, kata, rng, device, WIDTHS, kpm=padding(case_rng, B, Tk))
     B, Tq, Tk = LONG_QUERIES[:3]
-    compare(learner, bugs, kata, rng, device, LONG_QUERIES, kpm=padding(rng, B, Tk), attn=pattern(rng, Tq=Tq, Tk=Tk))
+    compare(learner, bugs, kata, rng, device, LONG_QUERIES, kpm=padding(case_rng, B, Tk), attn=pattern(case_rng, Tq=Tq, Tk=Tk))
     B, Tq, Tk = WIDTHS[:3]
-    compare(learner, bugs, kata, rng, device, WIDTHS, kpm=padding(rng, B, Tk), attn=pattern(rng, B, Tq=Tq, Tk=Tk))
-    compare(learner, bugs, kata, rng, device, WIDTHS, dtype=torch.float32, attn=pattern(rng, Tq=Tq, Tk=Tk))
+    compare(learner, bugs, kata, rng, device, WIDTHS, kpm=padding(case_rng, B, Tk), attn=pattern(case_rng, B, Tq=Tq, Tk=Tk))
+    compare(learner, bugs, kata, rng, device, WIDTHS, dtype=torch.float32, attn=pattern(case_rng, Tq=Tq, Tk=Tk))
 
 
 def test_cross_shapes(learner, device, rng):
@@ -360,7 +360,7 @@ def test_cross_shapes(learner, device, rng):
         pair_form(got, cfg, dtype=torch.float64, device=device, call=call_text(cfg), case=case_text(cfg))
 
 
-def test_padding_keys_get_zero(learner, bugs, kata, rng, device):
+def test_padding_keys_get_zero(learner, bugs, kata, case_rng, rng, device):
     """padded keys get weight exactly 0, the real keys' weights sum to 1, and redrawing the padded keys and values changes nothing"""
     tol = kata.tolerance("float64")
     # The first source has the target's length (a padding mask along the wrong axis still runs
@@ -369,7 +369,7 @@ def test_padding_keys_get_zero(learner, bugs, kata, rng, device):
         B, Tq, Tk, d, H, _, _ = cfg
         sd = weights(rng, d, d, d)
         query, key, value = inputs(rng, B, Tq, Tk, d, d, d)
-        kpm = padding(rng, B, Tk)
+        kpm = padding(case_rng, B, Tk)
         call, case = call_text(cfg, kpm), case_text(cfg, kpm=kpm)
         m = build(learner, device, sd, cfg)
         got = forward(m, query, key, value, kpm)

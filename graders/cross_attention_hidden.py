@@ -1,4 +1,4 @@
-"""Hidden checks of the cross-attention kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the cross-attention kata: fresh values at each grading, never in a student bundle."""
 import torch
 
 from graders.engine import expect
@@ -7,24 +7,24 @@ from graders.cross_attention import (TORCH_MHA, build, call_text, case_text, cau
                                      torch_mha, trusted, weights)
 
 
-def fresh_config(rng, Tq, Tk):
-    """(B, Tq, Tk, d_model, n_heads, None, None) drawn anew, with B != n_heads != head_dim as in the
+def fresh_config(case_rng, Tq, Tk):
+    """(B, Tq, Tk, d_model, n_heads, None, None) drawn from case_rng, with B != n_heads != head_dim as in the
     public configs, and the defaults kdim = vdim = d_model."""
-    H = int(rng.integers(2, 5))
-    hd = int(rng.choice([n for n in range(3, 8) if n != H]))
-    B = int(rng.choice([b for b in (2, 3) if b != H]))
+    H = int(case_rng.integers(2, 5))
+    hd = int(case_rng.choice([n for n in range(3, 8) if n != H]))
+    B = int(case_rng.choice([b for b in (2, 3) if b != H]))
     return B, Tq, Tk, H * hd, H, None, None
 
 
-def test_self_attention_special_case(learner, bugs, kata, rng, device):
+def test_self_attention_special_case(learner, bugs, kata, case_rng, rng, device):
     """self-attention is the special case key = value = query: m(x, x, x) is the mha kata's fused-QKV module, padding mask or not"""
-    T = int(rng.integers(5, 10))
-    cfg = fresh_config(rng, T, T)
+    T = int(case_rng.integers(5, 10))
+    cfg = fresh_config(case_rng, T, T)
     B, _, _, d, H, _, _ = cfg
     loose = kata.tolerance("float32")
     for padded in (False, True):
         sd, x = weights(rng, d, d, d), normal(rng, B, T, d)
-        kpm = padding(rng, B, T) if padded else None
+        kpm = padding(case_rng, B, T) if padded else None
         call = call_text(cfg, kpm).replace("(query, key, value", "(x, x, x")
         case = (f"x: float64 ({B}, {T}, {d}), standard normal, passed as query, key and value; n_heads={H}; weights "
                 "injected (W ~ N(0, 1/d), b ~ N(0, 0.25))"
@@ -40,14 +40,14 @@ def test_self_attention_special_case(learner, bugs, kata, rng, device):
               against=TORCH_MHA.replace("kdim, vdim, ", "") + ", called on (x, x, x)")
 
 
-def test_no_causal_by_default(learner, bugs, kata, rng, device):
+def test_no_causal_by_default(learner, bugs, kata, case_rng, rng, device):
     """no mask by default: every query attends to every key of the source, the last one included"""
-    Tq = int(rng.integers(7, 10))
+    Tq = int(case_rng.integers(7, 10))
     tol, loose = kata.tolerance("float64"), kata.tolerance("float32")
     # A source longer than the target, then a shorter one: a causal mask hides keys from the first
     # query in either alignment.
-    for Tk in (Tq + int(rng.integers(2, 5)), Tq - int(rng.integers(2, 4))):
-        cfg = fresh_config(rng, Tq, Tk)
+    for Tk in (Tq + int(case_rng.integers(2, 5)), Tq - int(case_rng.integers(2, 4))):
+        cfg = fresh_config(case_rng, Tq, Tk)
         B, _, _, d, H, _, _ = cfg
         sd = weights(rng, d, d, d)
         query, key, value = inputs(rng, B, Tq, Tk, d, d, d)

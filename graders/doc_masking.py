@@ -18,10 +18,10 @@ def cu(values, dtype=torch.int32, device=None):
     return torch.tensor(values, dtype=dtype, device=device)
 
 
-def random_cu(rng, n_docs, dtype=torch.int32):
+def random_cu(case_rng, n_docs, dtype=torch.int32):
     """A random packing of n_docs documents of 0..6 tokens, at least one non-empty."""
-    lengths = rng.integers(0, 7, size=n_docs)
-    lengths[rng.integers(n_docs)] = max(int(lengths.max()), 1)
+    lengths = case_rng.integers(0, 7, size=n_docs)
+    lengths[case_rng.integers(n_docs)] = max(int(lengths.max()), 1)
     return torch.tensor([0] + list(map(int, lengths.cumsum())), dtype=dtype)
 
 
@@ -88,29 +88,29 @@ def per_document(q, k, v, cu_seqlens, prefix_lens=None):
     return torch.cat(outs, dim=-2).to(q.dtype)
 
 
-def test_document_ids_values(learner, bugs, kata, rng):
+def test_document_ids_values(learner, bugs, kata, case_rng):
     """document_ids values, int64, any cu_seqlens"""
     tol = kata.tolerance("float64")
-    for cu_seqlens in (cu(ROW), cu(RAGGED, torch.int64), random_cu(rng, 5)):
+    for cu_seqlens in (cu(ROW), cu(RAGGED, torch.int64), random_cu(case_rng, 5)):
         got = learner.document_ids(cu_seqlens)
         expect.array(got, bugs.expected.ids(cu_seqlens), call="document_ids(cu_seqlens)", case=show(cu_seqlens),
                      **EXACT, diagnose=lambda: bugs.match(got, lambda impl: impl.document_ids(cu_seqlens), **tol))
 
 
-def test_position_ids_restart(learner, bugs, kata, rng):
+def test_position_ids_restart(learner, bugs, kata, case_rng):
     """position_ids restart at 0 at each document, int64"""
     tol = kata.tolerance("float64")
-    for cu_seqlens in (cu(ROW), cu(RAGGED, torch.int64), random_cu(rng, 5)):
+    for cu_seqlens in (cu(ROW), cu(RAGGED, torch.int64), random_cu(case_rng, 5)):
         got = learner.position_ids(cu_seqlens)
         expect.array(got, bugs.expected.positions(cu_seqlens), call="position_ids(cu_seqlens)",
                      case=show(cu_seqlens), **EXACT,
                      diagnose=lambda: bugs.match(got, lambda impl: impl.position_ids(cu_seqlens), **tol))
 
 
-def test_document_mask_block_diagonal_causal(learner, bugs, kata, rng):
+def test_document_mask_block_diagonal_causal(learner, bugs, kata, case_rng):
     """document_mask is block-diagonal causal, diagonal included"""
     tol = kata.tolerance("float64")
-    for cu_seqlens in (cu(ROW), cu(RAGGED), random_cu(rng, 4, torch.int64)):
+    for cu_seqlens in (cu(ROW), cu(RAGGED), random_cu(case_rng, 4, torch.int64)):
         got = learner.document_mask(cu_seqlens)
         check_mask(got, bugs.expected.mask(cu_seqlens), call="document_mask(cu_seqlens)",
                    case=show(cu_seqlens) + ": each document its own causal triangle",
@@ -141,13 +141,13 @@ def test_masks_are_bool_on_device(learner, bugs, kata, rng, device):
                 call="packed_attention(q, k, v, cu_seqlens)", got=str(out.device), expected=device)
 
 
-def test_prefix_lm_mask_values(learner, bugs, kata, rng):
+def test_prefix_lm_mask_values(learner, bugs, kata, case_rng):
     """prefix_lm_mask values: bidirectional over each prefix, causal after, never across documents"""
     tol = kata.tolerance("float64")
     cases = [(cu(ROW), torch.tensor([2, 3, 1])), (cu(PREFIX_ROW), torch.tensor([2, 3, 1])),
              (cu(RAGGED), torch.tensor([3, 1, 0, 4, 2]))]
-    rows = random_cu(rng, 4)
-    cases.append((rows, torch.from_numpy(rng.integers(0, 5, size=4))))
+    rows = random_cu(case_rng, 4)
+    cases.append((rows, torch.from_numpy(case_rng.integers(0, 5, size=4))))
     for cu_seqlens, prefix_lens in cases:
         got = learner.prefix_lm_mask(cu_seqlens, prefix_lens)
         check_mask(got, bugs.expected.mask(cu_seqlens, prefix_lens), call="prefix_lm_mask(cu_seqlens, prefix_lens)",
@@ -156,10 +156,10 @@ def test_prefix_lm_mask_values(learner, bugs, kata, rng):
                        got, lambda impl: impl.prefix_lm_mask(cu_seqlens, prefix_lens), **tol))
 
 
-def test_packed_equals_per_document(learner, bugs, kata, rng, device):
+def test_packed_equals_per_document(learner, bugs, kata, case_rng, rng, device):
     """packed_attention equals SDPA on each document alone, float32 and float64, with heads"""
     cases = [((H,), cu(ROW), torch.float64), ((1, H), cu(RAGGED), torch.float64),
-             ((), random_cu(rng, 4), torch.float64), ((H,), cu(PREFIX_ROW), torch.float32)]
+             ((), random_cu(case_rng, 4), torch.float64), ((H,), cu(PREFIX_ROW), torch.float32)]
     for batch, cu_seqlens, dtype in cases:
         q, k, v = qkv(rng, batch, int(cu_seqlens[-1]), dtype)
         tol, loose = tolerances(kata, dtype)

@@ -1,4 +1,4 @@
-"""Hidden checks of the doc-masking kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the doc-masking kata: fresh values at each grading, never in a student bundle."""
 import torch
 
 from graders.doc_masking import DV, H, cu, per_document, qkv, random_cu, randn, show, tolerances, upstream
@@ -12,13 +12,13 @@ def output_of(result, *, call, case, shape):
     return result
 
 
-def test_other_documents_do_not_matter(learner, bugs, kata, rng):
+def test_other_documents_do_not_matter(learner, bugs, kata, case_rng, rng):
     """changing other documents' tokens leaves a document's outputs unchanged (your packed_attention)"""
     # Only this property, judged on what your code answers: a packed attention with a wrong scale still
     # keeps its documents apart.
-    cu_seqlens = random_cu(rng, 4)
+    cu_seqlens = random_cu(case_rng, 4)
     while sum(1 for a, b in zip(cu_seqlens.tolist()[:-1], cu_seqlens.tolist()[1:]) if b > a) < 3:
-        cu_seqlens = random_cu(rng, 4)
+        cu_seqlens = random_cu(case_rng, 4)
     T = int(cu_seqlens[-1])
     q, k, v = qkv(rng, (H,), T)
     tol, loose = tolerances(kata, q.dtype)
@@ -48,11 +48,11 @@ def test_other_documents_do_not_matter(learner, bugs, kata, rng):
                     got="the other documents' outputs unchanged", expected="their outputs changed")
 
 
-def test_prefix_packed_equals_per_document(learner, bugs, kata, rng, device):
+def test_prefix_packed_equals_per_document(learner, bugs, kata, case_rng, rng, device):
     """packed_attention with prefix_lens equals each document alone under its prefix-LM mask"""
-    for cu_seqlens in (cu([0, 4, 9, 12]), random_cu(rng, 4)):
+    for cu_seqlens in (cu([0, 4, 9, 12]), random_cu(case_rng, 4)):
         n_docs = len(cu_seqlens) - 1
-        prefix_lens = torch.from_numpy(rng.integers(0, 6, size=n_docs))
+        prefix_lens = torch.from_numpy(case_rng.integers(0, 6, size=n_docs))
         q, k, v = qkv(rng, (H,), int(cu_seqlens[-1]))
         tol, loose = tolerances(kata, q.dtype)
         result = learner.packed_attention(q, k, v, cu_seqlens, prefix_lens)

@@ -1,4 +1,4 @@
-"""Hidden checks of the flash-decoding kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the flash-decoding kata: fresh values at each grading, never in a student bundle."""
 import math
 
 import torch
@@ -8,40 +8,40 @@ from graders.flash_decoding import (WHOLE_AGAINST, case_text, cut_text, inputs, 
                                     logsumexp, partials, sdpa, tensors)
 
 
-def fresh_shape(rng):
-    """(B, H, Tq, Tk, head_dim) drawn anew: B != H != head_dim, one query or a few, a cache of 5 to 60 keys."""
-    H = int(rng.integers(2, 5))
-    B = int(rng.choice([b for b in (2, 3, 4) if b != H]))
-    hd = int(rng.choice([n for n in range(3, 11) if n != H]))
-    return B, H, int(rng.choice([1, 1, 2, 3])), int(rng.integers(5, 61)), hd
+def fresh_shape(case_rng):
+    """(B, H, Tq, Tk, head_dim) drawn from case_rng: B != H != head_dim, one query or a few, a cache of 5 to 60 keys."""
+    H = int(case_rng.integers(2, 5))
+    B = int(case_rng.choice([b for b in (2, 3, 4) if b != H]))
+    hd = int(case_rng.choice([n for n in range(3, 11) if n != H]))
+    return B, H, int(case_rng.choice([1, 1, 2, 3])), int(case_rng.integers(5, 61)), hd
 
 
-def fresh_cuts(rng, Tk, n):
+def fresh_cuts(case_rng, Tk, n):
     """n chunks of the Tk keys, cut at random points (none empty)."""
-    return (0, *sorted(int(c) for c in rng.choice(range(1, Tk), size=n - 1, replace=False)), Tk)
+    return (0, *sorted(int(c) for c in case_rng.choice(range(1, Tk), size=n - 1, replace=False)), Tk)
 
 
-def test_fresh_shapes_match_sdpa(learner, bugs, kata, rng, device):
-    """fresh shapes and split counts at each grading: split_kv_decode equals SDPA, and merge_partials on a fresh cut equals attention over all the keys"""
-    B, H, Tq, Tk, hd = fresh_shape(rng)
+def test_fresh_shapes_match_sdpa(learner, bugs, kata, case_rng, rng, device):
+    """other shapes and split counts: split_kv_decode equals SDPA, and merge_partials on another cut equals attention over all the keys"""
+    B, H, Tq, Tk, hd = fresh_shape(case_rng)
     q, k, v = inputs(rng, B, H, Tq, Tk, hd)
-    for n in (int(rng.integers(2, Tk)), int(rng.integers(Tk + 1, 2 * Tk))):
+    for n in (int(case_rng.integers(2, Tk)), int(case_rng.integers(Tk + 1, 2 * Tk))):
         chunk = math.ceil(Tk / n)
         about = f"splits of {chunk} keys, {n - math.ceil(Tk / chunk)} empty"
         judge_split(learner, bugs, kata, q, k, v, n, device=device, case=case_text(B, H, Tq, Tk, hd, about=about))
-    cuts = fresh_cuts(rng, Tk, int(rng.integers(2, min(Tk, 8))))
+    cuts = fresh_cuts(case_rng, Tk, int(case_rng.integers(2, min(Tk, 8))))
     outs, lses = partials(q, k, v, cuts, torch.float64)
     judge_merge(learner, bugs, kata, outs, lses, (sdpa(q, k, v), logsumexp(q, k)), call="merge_partials(outs, lses)",
                 case=case_text(B, H, Tq, Tk, hd, about=cut_text(cuts)), against=WHOLE_AGAINST, device=device)
 
 
-def test_merges_compose(learner, bugs, kata, rng, device):
+def test_merges_compose(learner, bugs, kata, case_rng, rng, device):
     """merges compose: a tree of pairwise merges of the partials, in a shuffled order, equals attention over all the keys"""
-    B, H, Tq, Tk, hd = fresh_shape(rng)
+    B, H, Tq, Tk, hd = fresh_shape(case_rng)
     q, k, v = inputs(rng, B, H, Tq, Tk, hd)
-    cuts = fresh_cuts(rng, Tk, int(rng.integers(4, min(Tk, 9))))
+    cuts = fresh_cuts(case_rng, Tk, int(case_rng.integers(4, min(Tk, 9))))
     outs, lses = partials(q, k, v, cuts, torch.float64)
-    order = [int(i) for i in rng.permutation(len(outs))]
+    order = [int(i) for i in case_rng.permutation(len(outs))]
     call = "merge_partials([out_a, out_b], [lse_a, lse_b]) on pairs, then on pairs of merged pairs"
     case = case_text(B, H, Tq, Tk, hd, about=cut_text(cuts) + f", merged pairwise in the order {order}")
     level = [(outs[i], lses[i]) for i in order]

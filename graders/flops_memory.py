@@ -196,11 +196,11 @@ def scores_peak(q, k) -> int:
     return peak
 
 
-def random_gqa(rng):
+def random_gqa(case_rng):
     """(d_model, n_heads, n_kv_heads): H != head_dim, n_kv_heads >= 2, groups >= 2."""
-    n_heads = int(rng.choice([4, 6, 8]))
-    head_dim = int(rng.choice([h for h in range(5, 13) if h != n_heads]))
-    n_kv_heads = int(rng.choice([g for g in range(2, n_heads // 2 + 1) if n_heads % g == 0]))
+    n_heads = int(case_rng.choice([4, 6, 8]))
+    head_dim = int(case_rng.choice([h for h in range(5, 13) if h != n_heads]))
+    n_kv_heads = int(case_rng.choice([g for g in range(2, n_heads // 2 + 1) if n_heads % g == 0]))
     return n_heads * head_dim, n_heads, n_kv_heads
 
 
@@ -210,9 +210,9 @@ def test_textbook_answers(learner, bugs):
         ask(learner, bugs, name, args, kwargs, answer, case=case)
 
 
-def test_params_match_torch_modules(learner, bugs, rng):
+def test_params_match_torch_modules(learner, bugs, case_rng):
     """attention_params equals sum(p.numel()) of torch modules: MHA and GQA, with and without bias"""
-    for d, H, n_kv in [*PARAM_CONFIGS, random_gqa(rng)]:
+    for d, H, n_kv in [*PARAM_CONFIGS, random_gqa(case_rng)]:
         for bias in (False, True):
             expected, what = module_params(d, H, n_kv, bias)
             kwargs = {**({} if n_kv is None else {"n_kv_heads": n_kv}), **({"bias": True} if bias else {})}
@@ -220,10 +220,10 @@ def test_params_match_torch_modules(learner, bugs, rng):
                 how=" = sum(p.numel() for p in module.parameters())")
 
 
-def test_flops_match_flop_counter(learner, bugs, rng):
+def test_flops_match_flop_counter(learner, bugs, case_rng, rng):
     """attention_flops equals torch.utils.flop_counter.FlopCounterMode on a forward pass, MHA and GQA"""
-    d, H, n_kv = random_gqa(rng)
-    drawn = (int(rng.integers(2, 4)), int(rng.integers(5, 25)), d, H, n_kv)   # T <= 24 < d + kv_dim
+    d, H, n_kv = random_gqa(case_rng)
+    drawn = (int(case_rng.integers(2, 4)), int(case_rng.integers(5, 25)), d, H, n_kv)   # T <= 24 < d + kv_dim
     for B, T, d, H, n_kv in [*FLOP_CONFIGS, drawn]:
         total, by_op = counted_flops(rng, B, T, d, H, n_kv)
         counted = ", ".join(f"{op} {n:,}" for op, n in by_op.items())
@@ -234,9 +234,9 @@ def test_flops_match_flop_counter(learner, bugs, rng):
             how=f" counted by FlopCounterMode ({counted}: the projections run as mm, Q @ Kᵀ and weights @ V as bmm)")
 
 
-def test_scores_bytes_values(learner, bugs, rng):
+def test_scores_bytes_values(learner, bugs, case_rng):
     """attention_scores_bytes equals the bytes of a (B, H, T, T) tensor, for 1- to 8-byte elements"""
-    drawn = (int(rng.integers(2, 9)), int(rng.integers(2, 33)), int(rng.integers(5, 4097)), int(rng.choice([1, 2, 4])))
+    drawn = (int(case_rng.integers(2, 9)), int(case_rng.integers(2, 33)), int(case_rng.integers(5, 4097)), int(case_rng.choice([1, 2, 4])))
     for B, H, T, size in [(2, 4, 9, None), (3, 6, 17, 2), (2, 12, 33, 1), (2, 3, 5, 8), drawn]:
         dtype = str(DTYPES[size or 4]).removeprefix("torch.")
         ask(learner, bugs, "attention_scores_bytes", (B, H, T), {} if size is None else {"bytes_per_element": size},
@@ -256,10 +256,10 @@ def test_scores_bytes_measured_on_cuda(learner, bugs, rng):
             how=" bytes, the peak of torch.cuda.max_memory_allocated() while q @ k.transpose(-2, -1) runs")
 
 
-def test_kv_cache_bytes_values(learner, bugs, rng):
+def test_kv_cache_bytes_values(learner, bugs, case_rng):
     """kv_cache_bytes equals the bytes of a K and a V per layer, MHA and GQA caches"""
-    drawn = (int(rng.integers(2, 9)), int(rng.integers(5, 4097)), int(rng.integers(3, 49)),
-             int(rng.choice([2, 4, 8])), int(rng.choice([64, 80, 128])), int(rng.choice([1, 2, 4])))
+    drawn = (int(case_rng.integers(2, 9)), int(case_rng.integers(5, 4097)), int(case_rng.integers(3, 49)),
+             int(case_rng.choice([2, 4, 8])), int(case_rng.choice([64, 80, 128])), int(case_rng.choice([1, 2, 4])))
     for B, T, L, n_kv, hd, size in [*KV_CONFIGS, drawn]:
         dtype = str(DTYPES[size or 2]).removeprefix("torch.")
         ask(learner, bugs, "kv_cache_bytes", (B, T, L, n_kv, hd), {} if size is None else {"bytes_per_element": size},

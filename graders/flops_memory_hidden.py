@@ -1,21 +1,21 @@
-"""Hidden checks of the flops-memory kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the flops-memory kata: fresh values at each grading, never in a student bundle."""
 from graders.engine import expect
 from graders.flops_memory import DTYPES, as_count, call_text, diagnosis
 
 
-def test_max_seq_len_fits(learner, bugs, rng):
+def test_max_seq_len_fits(learner, bugs, case_rng):
     """max_seq_len returns a T whose scores fit, while T + 1 does not, boundaries included"""
     fixed = 2 * 4 * 2   # B * H * bytes_per_element of the T = 777 cases
-    drawn_B, drawn_H, drawn_size = int(rng.integers(2, 9)), int(rng.integers(2, 33)), int(rng.choice([1, 2, 4]))
+    drawn_B, drawn_H, drawn_size = int(case_rng.integers(2, 9)), int(case_rng.integers(2, 33)), int(case_rng.choice([1, 2, 4]))
     drawn_pair = drawn_B * drawn_H * drawn_size   # bytes of one (query, key) pair over the batch and heads
-    T0 = int(rng.integers(100, 5001))
+    T0 = int(case_rng.integers(100, 5001))
     cases = [  # (memory_bytes, B, H, bytes_per_element or None for the default, what it is)
         (2**30, 1, 32, None, "1 GiB, fp16 (the default): exactly full at T = 4096"),
         (fixed * 777**2, 2, 4, 2, "exactly full at T = 777"),
         (fixed * 777**2 - 1, 2, 4, 2, "one byte short of T = 777"),
         (fixed * 778**2 - 1, 2, 4, 2, "one byte short of T = 778"),
         (24 * 2**30, 1, 16, 4, "24 GiB, fp32"),
-        (drawn_pair * T0**2 + int(rng.integers(0, drawn_pair * (2 * T0 + 1))), drawn_B, drawn_H, drawn_size,
+        (drawn_pair * T0**2 + int(case_rng.integers(0, drawn_pair * (2 * T0 + 1))), drawn_B, drawn_H, drawn_size,
          f"between the sizes of T = {T0} and T = {T0 + 1}"),
     ]
     for memory, B, H, size, what in cases:

@@ -1,15 +1,15 @@
-"""Hidden checks of the gqa kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the gqa kata: fresh values at each grading, never in a student bundle."""
 import torch
 
 from graders.engine import expect
 from graders.gqa import CASE, CONFIGS, build, compare, normal, output_form, trusted, weights
 
 
-def test_mqa_single_kv_head(learner, bugs, kata, rng, device):
+def test_mqa_single_kv_head(learner, bugs, kata, case_rng, rng, device):
     """n_kv_heads == 1 (multi-query attention): every query head shares one KV head"""
-    H = int(rng.integers(2, 7))   # a fresh (B, T, d, H), with H != head_dim as in the public configs
-    d = H * int(rng.choice([n for n in range(3, 9) if n != H]))
-    B, T = int(rng.integers(2, 4)), int(rng.integers(5, 10))
+    H = int(case_rng.integers(2, 7))   # a (B, T, d, H) of its own, with H != head_dim as in the public configs
+    d = H * int(case_rng.choice([n for n in range(3, 9) if n != H]))
+    B, T = int(case_rng.integers(2, 4)), int(case_rng.integers(5, 10))
     for causal in (True, False):
         compare(learner, bugs, kata, rng, device, (B, T, d, H, 1), causal)
 

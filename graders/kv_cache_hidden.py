@@ -1,4 +1,4 @@
-"""Hidden checks of the kv-cache kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the kv-cache kata: fresh values at each grading, never in a student bundle."""
 import torch
 
 from graders.engine import expect
@@ -7,33 +7,34 @@ from graders.kv_cache import (build, case_text, judge_decoding, judge_itself, no
                               sdpa_causal, trusted, weights)
 
 
-def fresh_config(rng, Hkv=None):
-    """(B, d_model, n_heads, n_kv_heads) drawn anew, head_dim != n_heads as in the public configs;
+def fresh_config(case_rng, Hkv=None):
+    """(B, d_model, n_heads, n_kv_heads) drawn from case_rng, head_dim != n_heads as in the public configs;
     n_kv_heads a divisor of n_heads (1 is multi-query attention, n_heads multi-head attention)."""
-    H = int(rng.integers(2, 7))
-    hd = int(rng.choice([n for n in range(3, 8) if n != H]))
+    H = int(case_rng.integers(2, 7))
+    hd = int(case_rng.choice([n for n in range(3, 8) if n != H]))
     if Hkv is None:
-        Hkv = int(rng.choice([n for n in range(1, H + 1) if H % n == 0]))
-    return int(rng.integers(2, 4)), H * hd, H, Hkv
+        Hkv = int(case_rng.choice([n for n in range(1, H + 1) if H % n == 0]))
+    return int(case_rng.integers(2, 4)), H * hd, H, Hkv
 
 
-def fresh_chunks(rng, T):
+def fresh_chunks(case_rng, T):
     """A schedule of chunks of 1 to 4 tokens that add up to T: the first one 2 tokens or more, and
     a later one too (a chunk after cached tokens, where the mask's alignment shows even in a module
     that handles a single decoded token apart)."""
     while True:
-        chunks = [int(rng.integers(2, 5))]
+        chunks = [int(case_rng.integers(2, 5))]
         while sum(chunks) < T:
-            chunks.append(min(int(rng.integers(1, 5)), T - sum(chunks)))
+            chunks.append(min(int(case_rng.integers(1, 5)), T - sum(chunks)))
         if max(chunks[1:]) >= 2:
             return tuple(chunks)
 
 
-def test_decodes_any_chunk_schedule(learner, bugs, kata, rng, device):
-    """fresh configurations (multi-query attention included) and chunk schedules: decoding always gives the module's own full forward (or, where that is wrong, the right one)"""
+def test_decodes_any_chunk_schedule(learner, bugs, kata, case_rng, rng, device):
+    """other configurations (multi-query attention included) and chunk schedules: decoding always gives the module's own full forward (or, where that is wrong, the right one)"""
     for Hkv in (1, None):
-        B, d, H, n_kv = fresh_config(rng, Hkv)
-        chunks = fresh_chunks(rng, int(rng.integers(6, 13)))
+        B, d, H, n_kv = fresh_config(case_rng, Hkv)
+        # Longer than every public sequence (10 tokens at most): a cache sized for those overflows.
+        chunks = fresh_chunks(case_rng, int(case_rng.integers(11, 17)))
         sd, x = weights(rng, d, H, n_kv), normal(rng, B, sum(chunks), d)
         case = case_text(x, H, n_kv, f"decoded with one KVCache, {schedule_text(chunks)}")
         judge_decoding(learner, bugs, kata, device, build(learner, device, sd, H, n_kv), learner.KVCache(), sd, H,
@@ -60,10 +61,10 @@ def trusted_stack(module, cache_cls, sds, H, Hkv, x, chunks):
     return torch.cat(outs, dim=1).to(x.dtype)
 
 
-def test_two_layers_keep_separate_caches(learner, bugs, kata, rng, device):
+def test_two_layers_keep_separate_caches(learner, bugs, kata, case_rng, rng, device):
     """two layers, each with its own module and KVCache, decode a sequence through both: the caches do not share state"""
-    B, d, H, Hkv = fresh_config(rng)
-    chunks = fresh_chunks(rng, int(rng.integers(6, 10)))
+    B, d, H, Hkv = fresh_config(case_rng)
+    chunks = fresh_chunks(case_rng, int(case_rng.integers(6, 10)))
     sds = (weights(rng, d, H, Hkv), weights(rng, d, H, Hkv))
     x = normal(rng, B, sum(chunks), d)
     case = case_text(x, H, Hkv, f"two layers with weights of their own, each with its own KVCache; x decoded in "

@@ -1,27 +1,27 @@
-"""Hidden checks of the linear-attention kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the linear-attention kata: fresh values at each grading, never in a student bundle."""
 from graders.linear_attention import check_attention, check_steps, qkv
 
 
-def fresh_sizes(rng):
+def fresh_sizes(case_rng):
     """(B, H, d, dv): H != d, and dv != d so that S and its transpose differ in shape."""
-    h = int(rng.integers(2, 5))
-    d = int(rng.choice([n for n in range(3, 8) if n != h]))
-    return int(rng.integers(2, 4)), h, d, d + int(rng.integers(1, 4))
+    h = int(case_rng.integers(2, 5))
+    d = int(case_rng.choice([n for n in range(3, 8) if n != h]))
+    return int(case_rng.integers(2, 4)), h, d, d + int(case_rng.integers(1, 4))
 
 
-def test_fresh_parallel_forms(learner, bugs, kata, rng, device):
-    """a fresh batch, heads, widths and lengths: causal and non-causal linear_attention equal the reference"""
-    b, h, d, dv = fresh_sizes(rng)
-    T = int(rng.integers(5, 13))
+def test_fresh_parallel_forms(learner, bugs, kata, case_rng, rng, device):
+    """another batch, heads, widths and lengths: causal and non-causal linear_attention equal the reference"""
+    b, h, d, dv = fresh_sizes(case_rng)
+    T = int(case_rng.integers(5, 13))
     q, k, v = qkv(rng, T, T, b=b, h=h, d=d, dv=dv)
     check_attention(learner, bugs, kata, device, q, k, v, True, bugs.reference.linear_attention(q, k, v, causal=True),
                     against="the reference, in float64")
-    q, k, v = qkv(rng, int(rng.integers(2, 6)), T, b=b, h=h, d=d, dv=dv)
+    q, k, v = qkv(rng, int(case_rng.integers(2, 6)), T, b=b, h=h, d=d, dv=dv)
     check_attention(learner, bugs, kata, device, q, k, v, False, bugs.reference.linear_attention(q, k, v, causal=False),
                     against="the reference, in float64")
 
 
-def test_fresh_decode(learner, bugs, kata, rng, device):
-    """a fresh state handed in and a fresh stream: every out and state (S, z) of linear_attention_step equal the reference's"""
-    check_steps(learner, bugs, kata, rng, device, int(rng.integers(2, 9)), int(rng.integers(3, 7)),
-                sizes=fresh_sizes(rng))
+def test_fresh_decode(learner, bugs, kata, case_rng, rng, device):
+    """another state handed in and another stream: every out and state (S, z) of linear_attention_step equal the reference's"""
+    check_steps(learner, bugs, kata, rng, device, int(case_rng.integers(2, 9)), int(case_rng.integers(3, 7)),
+                sizes=fresh_sizes(case_rng))

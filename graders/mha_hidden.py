@@ -1,4 +1,4 @@
-"""Hidden checks of the mha kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the mha kata: fresh values at each grading, never in a student bundle."""
 import torch
 
 from graders.engine import expect
@@ -6,16 +6,16 @@ from graders.mha import (CASE, CONFIGS, build, diagnosis, normal, pair_form, tru
                          weights_diagnosis)
 
 
-def fresh_config(rng):
-    """(B, T, d_model, n_heads) drawn anew, with n_heads != head_dim as in the public configs."""
-    H = int(rng.integers(2, 5))
-    hd = int(rng.choice([n for n in range(3, 8) if n != H]))
-    return int(rng.integers(2, 4)), int(rng.integers(5, 10)), H * hd, H
+def fresh_config(case_rng):
+    """(B, T, d_model, n_heads) drawn from case_rng, with n_heads != head_dim as in the public configs."""
+    H = int(case_rng.integers(2, 5))
+    hd = int(case_rng.choice([n for n in range(3, 8) if n != H]))
+    return int(case_rng.integers(2, 4)), int(case_rng.integers(5, 10)), H * hd, H
 
 
-def test_weights_sum_to_one(learner, bugs, kata, rng, device):
+def test_weights_sum_to_one(learner, bugs, kata, case_rng, rng, device):
     """each query's weights sum to 1 over the keys"""
-    B, T, d, H = fresh_config(rng)
+    B, T, d, H = fresh_config(case_rng)
     tol = kata.tolerance("float64")
     for causal in (False, True):
         sd, x = weights(rng, d), normal(rng, B, T, d)

@@ -428,15 +428,15 @@ def test_rejects_bad_arguments(learner):
                        returned="The call is invalid, yet it returned.")
 
 
-def dims(rng):
+def dims(case_rng):
     """(n_kv_heads, head_dim): different, so that an axis mix-up changes the shape."""
-    return int(rng.integers(2, 4)), int(rng.integers(4, 7))
+    return int(case_rng.integers(2, 4)), int(case_rng.integers(4, 7))
 
 
-def test_append_then_gather(learner, bugs, kata, rng, device):
+def test_append_then_gather(learner, bugs, kata, case_rng, rng, device):
     """appends of 1 to several tokens to one sequence: gather reads back exactly what was appended, in order, as the last block fills, spills and fills up"""
     for dtype, chunks in (("float64", (3, 1, 4, 2, 5, 1)), ("float32", (4, 4, 1, 6))):
-        Hkv, hd = dims(rng)
+        Hkv, hd = dims(case_rng)
         config = (8, 4, Hkv, hd, dtype)
         ops = []
         for op in appends(rng, [(0, t) for t in chunks], Hkv, hd, getattr(torch, dtype)):
@@ -450,9 +450,9 @@ def test_append_then_gather(learner, bugs, kata, rng, device):
 TURNS = ((0, 3), (1, 5), (2, 1), (0, 2), (2, 4), (1, 3), (0, 1), (2, 3), (1, 1), (0, 6), (2, 1), (1, 4))
 
 
-def test_blocks_held_are_ceil(learner, bugs, kata, rng, device):
+def test_blocks_held_are_ceil(learner, bugs, kata, case_rng, rng, device):
     """after every append each sequence holds ceil(len / block_size) blocks, seq_len counts its tokens, and num_free() is the pool less the blocks held"""
-    Hkv, hd = dims(rng)
+    Hkv, hd = dims(case_rng)
     config = (16, 4, Hkv, hd, "float64")
     ops = []
     for op in appends(rng, TURNS, Hkv, hd):
@@ -461,10 +461,10 @@ def test_blocks_held_are_ceil(learner, bugs, kata, rng, device):
     drive(learner, bugs, kata, device, config, ops, case)
 
 
-def test_ragged_sequences_interleaved(learner, bugs, kata, rng, device):
+def test_ragged_sequences_interleaved(learner, bugs, kata, case_rng, rng, device):
     """three sequences of ragged lengths appended in turns: each reads back its own tokens, exactly"""
     for dtype in ("float64", "float32"):
-        Hkv, hd = dims(rng)
+        Hkv, hd = dims(case_rng)
         config = (16, 4, Hkv, hd, dtype)
         ops = []
         for op in appends(rng, TURNS, Hkv, hd, getattr(torch, dtype)):
@@ -487,9 +487,9 @@ def test_paged_attention_matches_sdpa(learner, bugs, kata, rng, device):
         drive(learner, bugs, kata, device, config, ops, case, attend=attention_judge(kata, device, case))
 
 
-def test_free_and_reuse(learner, bugs, kata, rng, device):
+def test_free_and_reuse(learner, bugs, kata, case_rng, rng, device):
     """free(seq_id) gives back the sequence's blocks, new sequences reuse them and the others still read their own keys; a full pool raises RuntimeError and changes nothing"""
-    Hkv, hd = dims(rng)
+    Hkv, hd = dims(case_rng)
     config = (6, 4, Hkv, hd, "float64")
     T = lambda s, t: ("append", s, *tokens(rng, t, Hkv, hd))
     ops = [T(0, 5), T(1, 6), T(2, 3), ("num_free",), ("free", 1), ("num_free",), T(3, 8), ("num_free",),
@@ -500,9 +500,9 @@ def test_free_and_reuse(learner, bugs, kata, rng, device):
     drive(learner, bugs, kata, device, config, ops, case)
 
 
-def test_fork_shares_blocks(learner, bugs, kata, rng, device):
+def test_fork_shares_blocks(learner, bugs, kata, case_rng, rng, device):
     """fork(src, dst) allocates no block: dst has src's blocks, each with reference count 2, reads the same tokens, and freeing either leaves the other whole"""
-    Hkv, hd = dims(rng)
+    Hkv, hd = dims(case_rng)
     config = (6, 4, Hkv, hd, "float64")
     T = lambda s, t: ("append", s, *tokens(rng, t, Hkv, hd))
     ops = [T(0, 6), ("num_free",), ("fork", 0, 1), ("num_free",), ("same_table", 0, 1), ("refcounts", 1),
@@ -512,9 +512,9 @@ def test_fork_shares_blocks(learner, bugs, kata, rng, device):
     drive(learner, bugs, kata, device, config, ops, case)
 
 
-def test_copy_on_write(learner, bugs, kata, rng, device):
+def test_copy_on_write(learner, bugs, kata, case_rng, rng, device):
     """both sequences append after a fork: each reads its own tokens; a shared partial last block is copied once (one block), its last holder writes it in place, full blocks stay shared"""
-    Hkv, hd = dims(rng)
+    Hkv, hd = dims(case_rng)
     config = (12, 4, Hkv, hd, "float64")
     T = lambda s, t: ("append", s, *tokens(rng, t, Hkv, hd))
     # Values first, counts after: a cache that writes the shared block in place reads wrong tokens

@@ -1,26 +1,27 @@
-"""Hidden checks of the positional-encoding kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the positional-encoding kata: fresh values at each grading, never in a student bundle."""
 import torch
 
 from graders.engine import expect
 from graders.positional_encoding import pe_tolerance, shift_tolerance, table_form
 
 
-def fresh_table(rng):
-    """(T, d) drawn anew: 2 to 16 (sin, cos) pairs, and T > d so a transposed table shows."""
-    d = 2 * int(rng.integers(2, 17))
-    return int(rng.integers(d + 8, 97)), d
+def fresh_table(case_rng):
+    """(T, d) drawn from case_rng: 2 to 16 (sin, cos) pairs, and T > d so a transposed table shows."""
+    d = 2 * int(case_rng.integers(2, 17))
+    return int(case_rng.integers(d + 8, 97)), d
 
 
-def test_shift_identity(learner, bugs, kata, rng):
-    """PE[p + k] == PE[p] @ M_k.T with your sinusoidal and your shift_matrix, at fresh T, d and k, for every p"""
+def test_shift_identity(learner, bugs, kata, case_rng):
+    """PE[p + k] == PE[p] @ M_k.T with your sinusoidal and your shift_matrix, at other T, d and k, for every p"""
     # Only this property, judged on what your code answers: whether the table and M_k hold the right
     # values is the value checks' business (a shift that matches its own table is still a shift).
-    T, d = fresh_table(rng)
+    T, d = fresh_table(case_rng)
     table_call = f"sinusoidal({T}, {d})"
     pe = learner.sinusoidal(T, d)
     table_form(pe, (T, d), call=table_call)
     table = pe.detach().cpu().double()   # (T, d)
-    for k in (int(rng.integers(1, T // 2)), -int(rng.integers(1, T // 2)), int(rng.integers(T // 2, T - 1))):
+    offsets = int(case_rng.integers(1, T // 2)), -int(case_rng.integers(1, T // 2)), int(case_rng.integers(T // 2, T - 1))
+    for k in offsets:
         call = f"shift_matrix({k}, {d})"
         m = learner.shift_matrix(k, d)
         table_form(m, (d, d), call=call, what="M_k")
@@ -43,9 +44,9 @@ def test_shift_identity(learner, bugs, kata, rng):
                     or bugs.match(m, lambda impl: impl.shift_matrix(k, d), **shift_tolerance(kata, k)))
 
 
-def test_dot_product_depends_on_offset(learner, bugs, kata, rng):
-    """PE[p] · PE[p + k] depends on the offset k only, not on p (your sinusoidal, fresh T and d)"""
-    T, d = fresh_table(rng)
+def test_dot_product_depends_on_offset(learner, bugs, kata, case_rng):
+    """PE[p] · PE[p + k] depends on the offset k only, not on p (your sinusoidal, other T and d)"""
+    T, d = fresh_table(case_rng)
     call = f"sinusoidal({T}, {d})"
     pe = learner.sinusoidal(T, d)
     table_form(pe, (T, d), call=call)

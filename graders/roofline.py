@@ -224,11 +224,11 @@ def test_dtype_bytes(learner, bugs):
                    returned="A dtype name outside the table must raise ValueError, not return a number.")
 
 
-def step_cases(rng):
+def step_cases(case_rng):
     """(params, kv_bytes_per_token, T, B, hbm, flops, bytes_per_param): memory- and compute-bound,
     B and T never 1 together with the other (so B * T, B and T tell the slips apart)."""
-    drawn = (int(rng.integers(10**8, 10**10)), int(rng.integers(10**4, 10**6)), int(rng.integers(2, 8193)),
-             int(rng.integers(2, 65)), A100_BYTES, A100_FLOPS, 2)
+    drawn = (int(case_rng.integers(10**8, 10**10)), int(case_rng.integers(10**4, 10**6)), int(case_rng.integers(2, 8193)),
+             int(case_rng.integers(2, 65)), A100_BYTES, A100_FLOPS, 2)
     return [
         (7_000_000_000, LLAMA2_7B_KV, 2048, 4, H100_BYTES, H100_FLOPS, 2),
         (13_000_000_000, 819_200, 513, 3, A100_BYTES, A100_FLOPS, 2),
@@ -240,9 +240,9 @@ def step_cases(rng):
     ]
 
 
-def test_decode_step_time(learner, bugs, rng):
+def test_decode_step_time(learner, bugs, case_rng):
     """decode_step's time: the longer of its bytes and its FLOPs, over batch sizes and cache lengths"""
-    for args in step_cases(rng):
+    for args in step_cases(case_rng):
         P, kvt, T, B, hbm, fps, bpp = args
         weights = P * bpp   # read once, shared by the batch
         cache = B * T * kvt   # B sequences of T cached tokens
@@ -255,9 +255,9 @@ def test_decode_step_time(learner, bugs, rng):
                      diagnose=lambda: diagnosis(bugs, got[0], "decode_step", args, lambda s: s[0]))
 
 
-def test_decode_step_bound(learner, bugs, rng):
+def test_decode_step_bound(learner, bugs, case_rng):
     """decode_step's bound, "memory" or "compute", ties included"""
-    cases = [*step_cases(rng),
+    cases = [*step_cases(case_rng),
              (10**9, 1000, 0, 100, 10, 1000, 2),    # FLOPs and bytes take exactly as long: "memory"
              (10**9, 1000, 0, 101, 10, 1000, 2)]    # one more sequence: "compute"
     for args in cases:
@@ -272,9 +272,9 @@ def test_decode_step_bound(learner, bugs, rng):
                     diagnose=lambda: step_diagnosis(learner, bugs, got, args))
 
 
-def test_weight_intensity(learner, bugs, rng):
+def test_weight_intensity(learner, bugs, case_rng):
     """the weight matmuls' FLOPs per byte in prefill and decode"""
-    for B, T, H, Hkv, bpp in [(3, 5, 4, 2, 2), (7, 11, 8, 8, 1), (int(rng.integers(2, 65)), int(rng.integers(2, 999)), 8, 2, 4)]:
+    for B, T, H, Hkv, bpp in [(3, 5, 4, 2, 2), (7, 11, 8, 8, 1), (int(case_rng.integers(2, 65)), int(case_rng.integers(2, 999)), 8, 2, 4)]:
         weight = torch.empty(40, 48, device="meta", dtype={1: torch.int8, 2: torch.bfloat16, 4: torch.float32}[bpp])
         wbytes = weight.numel() * weight.element_size()
         for name, tokens in (("prefill_intensity", B * T), ("decode_intensity", B)):
@@ -289,11 +289,11 @@ def test_weight_intensity(learner, bugs, rng):
                          diagnose=lambda: diagnosis(bugs, got[0], name, args, lambda s: s[0]))
 
 
-def test_attention_decode_intensity(learner, bugs, rng):
+def test_attention_decode_intensity(learner, bugs, case_rng, rng):
     """attention_decode_intensity equals FlopCounterMode's FLOPs over the cache's bytes, MHA and GQA, any batch"""
     for H, Hkv, T, B, dtype in [(8, 2, 37, 3, torch.float32), (4, 4, 16, 5, torch.float64), (6, 1, 9, 4, torch.float32),
                                 (8, 2, 21, 3, torch.bfloat16),   # the default bytes_per_element
-                                (8, 4, int(rng.integers(2, 200)), int(rng.integers(2, 9)), torch.float64)]:
+                                (8, 4, int(case_rng.integers(2, 200)), int(case_rng.integers(2, 9)), torch.float64)]:
         q = torch.from_numpy(rng.standard_normal((B, H, 1, 8))).to(dtype)   # (B, H, 1, hd): one new token
         k = torch.from_numpy(rng.standard_normal((B, Hkv, T, 8))).to(dtype)   # (B, H_kv, T, hd): the cache
         v = torch.from_numpy(rng.standard_normal((B, Hkv, T, 8))).to(dtype)
@@ -312,11 +312,11 @@ def test_attention_decode_intensity(learner, bugs, rng):
                      diagnose=lambda: diagnosis(bugs, got[1], "decode_intensity", step, lambda s: s[1]))
 
 
-def test_prefill_attention_intensity(learner, bugs, rng):
+def test_prefill_attention_intensity(learner, bugs, case_rng, rng):
     """the attention part of prefill_intensity equals FlopCounterMode's FLOPs over the bytes of Q, K, V and the output"""
     for H, Hkv, T, B, dtype in [(8, 2, 37, 3, torch.float32), (4, 4, 16, 2, torch.float64),
                                 (4, 2, 13, 2, torch.bfloat16),   # the default bytes_per_element
-                                (6, 3, int(rng.integers(2, 100)), int(rng.integers(2, 5)), torch.float32)]:
+                                (6, 3, int(case_rng.integers(2, 100)), int(case_rng.integers(2, 5)), torch.float32)]:
         q = torch.from_numpy(rng.standard_normal((B, H, T, 8))).to(dtype)   # (B, H, T, hd)
         k = torch.from_numpy(rng.standard_normal((B, Hkv, T, 8))).to(dtype)   # (B, H_kv, T, hd)
         v = torch.from_numpy(rng.standard_normal((B, Hkv, T, 8))).to(dtype)
@@ -341,9 +341,9 @@ def test_crossover_batch(learner, bugs):
             how=" (where 2 * N * B / flops_per_s = N * bytes_per_param / hbm_bytes_per_s)")
 
 
-def test_train_flops_per_token(learner, bugs, rng):
+def test_train_flops_per_token(learner, bugs, case_rng, rng):
     """train_flops_per_token equals FlopCounterMode on the forward and backward of a small decoder"""
-    for L, T, d, H in [(3, 24, 32, 4), (2, 10, 48, 6), (int(rng.integers(2, 5)), int(rng.integers(5, 40)), 40, 5)]:
+    for L, T, d, H in [(3, 24, 32, 4), (2, 10, 48, 6), (int(case_rng.integers(2, 5)), int(case_rng.integers(5, 40)), 40, 5)]:
         per_token, N = training_flops(rng, L, T, d, H)
         ask(learner, bugs, "train_flops_per_token", (N, L, T, d), per_token,
             case=f"{L} blocks (attention and a 4x MLP, no biases), d = {d}, {H} heads, T = {T}",

@@ -1,4 +1,4 @@
-"""Hidden checks of the roofline kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the roofline kata: fresh values at each grading, never in a student bundle."""
 import math
 from fractions import Fraction
 
@@ -6,13 +6,15 @@ from graders.engine import expect
 from graders.roofline import call_text, step_diagnosis, step_of
 
 
-def test_bound_flips_at_crossover(learner, bugs, rng):
-    """decode_step's bound turns from memory to compute at crossover_batch, for fresh hardware numbers"""
-    hbm = float(rng.uniform(1.0, 8.0)) * 1e12
-    fps = float(rng.uniform(100.0, 2000.0)) * 1e12
-    bpp = float(rng.choice([0.5, 1, 2, 4]))
-    P = int(rng.integers(10**8, 10**11))
-    kvt = int(rng.integers(10**4, 10**6))
+def test_bound_flips_at_crossover(learner, bugs, case_rng):
+    """decode_step's bound turns from memory to compute at crossover_batch, for other hardware numbers"""
+    # The hardware decides which batches are tried (the crossover's floor, and whether it is 0):
+    # structure, drawn from case_rng.
+    hbm = float(case_rng.uniform(1.0, 8.0)) * 1e12
+    fps = float(case_rng.uniform(100.0, 2000.0)) * 1e12
+    bpp = float(case_rng.choice([0.5, 1, 2, 4]))
+    P = int(case_rng.integers(10**8, 10**11))
+    kvt = int(case_rng.integers(10**4, 10**6))
     exact = Fraction(fps) * Fraction(bpp) / (2 * Fraction(hbm))   # the crossover, exactly
     below, above = math.floor(exact), math.floor(exact) + 1   # at a tie (below == exact) the bound is "memory"
     case = f"hbm_bytes_per_s = {hbm:g}, flops_per_s = {fps:g}, {bpp:g} bytes per parameter, an empty cache"

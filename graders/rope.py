@@ -192,11 +192,11 @@ def test_apply_rope_matches_at_arbitrary_positions(learner, bugs, kata, rng, dev
                     got="x changed after the call", expected="a new tensor returned, x unchanged")
 
 
-def test_preserves_norms(learner, bugs, kata, rng, device):
+def test_preserves_norms(learner, bugs, kata, case_rng, rng, device):
     """apply_rope keeps the length of every pair (x[2i], x[2i+1]) and moves them: a rotation of each pair"""
     # Only this property, on what your apply_rope answers: the angles are the value check's business.
     B, H, T, hd, base = 2, 3, 6, 16, 10000.0
-    pos = [int(p) + 1 for p in rng.choice(399, size=T, replace=False)]
+    pos = [int(p) + 1 for p in case_rng.choice(399, size=T, replace=False)]
     cos, sin = table(bugs, 400, hd, base, torch.float64)
     x, positions = normal(rng, B, H, T, hd), torch.tensor(pos)
     call = "apply_rope(x, cos, sin, positions)"

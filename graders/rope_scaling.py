@@ -192,10 +192,10 @@ def test_scaled_rope_cos_sin(learner, bugs, kata):
                          float32_inside=loose if dtype == torch.float64 else None)
 
 
-def test_interpolated_positions_land_on_trained_ones(learner, bugs, kata, rng):
+def test_interpolated_positions_land_on_trained_ones(learner, bugs, kata, case_rng):
     """with your scaled_rope, Position Interpolation by s at position s·m turns every pair as RoPE does at m"""
     hd, base, s = 16, 10000.0, 4.0
-    trained = sorted(int(p) for p in rng.choice(2048, size=6, replace=False))
+    trained = sorted(int(p) for p in case_rng.choice(2048, size=6, replace=False))
     stretched = [int(s) * p for p in trained]
     scaling = {"rope_type": "linear", "factor": s}
     call = f"scaled_rope({stretched}, {hd}, {base:g}, {scaling!r}, dtype=torch.float64)"

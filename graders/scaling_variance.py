@@ -18,8 +18,8 @@ TREND_TRIALS = 1_000
 SEED_RANGE = 2**31
 
 
-def seeds(rng, n):
-    return [int(s) for s in rng.choice(SEED_RANGE, n, replace=False)]
+def seeds(case_rng, n):
+    return [int(s) for s in case_rng.choice(SEED_RANGE, n, replace=False)]
 
 
 def divisor(d_k, scale) -> str:
@@ -99,11 +99,11 @@ def check_sample(got, d_k, scale, n_samples, *, call, case, bugs):
                                           dict(rtol=2 * rtol, atol=0.0)))
 
 
-def test_sample_score_std_close(learner, bugs, rng):
+def test_sample_score_std_close(learner, bugs, case_rng):
     """sample_score_std lands within 5 % (7 standard errors) of sqrt(d_k) / s"""
     cases = [(d_k, scale, 10_000) for d_k in (16, 64) for scale in SCALES] + [(256, "linear", 10_000),
                                                                                 (64, "none", 40_000)]
-    for (d_k, scale, n_samples), seed in zip(cases, seeds(rng, len(cases))):
+    for (d_k, scale, n_samples), seed in zip(cases, seeds(case_rng, len(cases))):
         call = call_text("sample_score_std", (d_k, scale, n_samples, seed), {})
         check_sample(learner.sample_score_std(d_k, scale, n_samples, seed), d_k, scale, n_samples,
                      call=call, case="q, k with i.i.d. N(0, 1) entries", bugs=bugs)
@@ -123,9 +123,9 @@ def check_same_seed(first, again, different, *, call, other_call):
                 call=f"{call}, then {other_call}", got=f"{first!r} both times", expected="two different floats")
 
 
-def test_seeded_draws_reproducible(learner, bugs, rng):
+def test_seeded_draws_reproducible(learner, bugs, case_rng):
     """a seed gives the same float every time, another seed another float, and the defaults answer as spelled out"""
-    seed, other = seeds(rng, 2)
+    seed, other = seeds(case_rng, 2)
     call, other_call = (call_text("sample_score_std", (32, "sqrt", 10_000, s), {}) for s in (seed, other))
     first = learner.sample_score_std(32, "sqrt", 10_000, seed)
     check_sample(first, 32, "sqrt", 10_000, call=call, case="q, k with i.i.d. N(0, 1) entries", bugs=bugs)
@@ -148,7 +148,7 @@ def test_seeded_draws_reproducible(learner, bugs, rng):
                     got=f"{default!r}, then {spelled!r}", expected="the same float twice")
 
 
-def test_scores_are_dot_products(learner, rng):
+def test_scores_are_dot_products(learner, case_rng):
     """the samples are dot products q·k: at d_k = 1 their sample std scatters as a product of two normals' does"""
     # Only a product's shape can tell q·k from another variable of the same std (a sum of the
     # entries of q, say). A sample std over n draws of kurtosis κ has variance about (κ - 1) / (4 n)
@@ -157,7 +157,7 @@ def test_scores_are_dot_products(learner, rng):
     # sqrt(2 / 299) = 0.082, and log 2 = 0.69 (8 of them) separates each value from the threshold
     # 1 / n, their geometric mean: a correct sampler fails with a probability far below 1e-9.
     n_samples, n_seeds = 1_000, 300
-    stds = np.array([learner.sample_score_std(1, "none", n_samples, seed) for seed in seeds(rng, n_seeds)], float)
+    stds = np.array([learner.sample_score_std(1, "none", n_samples, seed) for seed in seeds(case_rng, n_seeds)], float)
     spread = np.var(stds, ddof=1) / np.mean(stds) ** 2
     expect.that(spread > 1 / n_samples,
                 "Your samples do not look like dot products q·k: at d_k = 1 a score is the product of two "
@@ -208,18 +208,18 @@ def call_weight(learner, bugs, d_k, n_keys, scale, n_trials, seed):
     return got
 
 
-def test_mean_max_weight_matches_reference(learner, bugs, rng):
+def test_mean_max_weight_matches_reference(learner, bugs, case_rng):
     """mean_max_weight is within Monte-Carlo tolerance of the reference"""
     cases = [(8, 16, "none", 2_000), (64, 8, "sqrt", 1_000), (64, 32, "linear", 2_000), (16, 16, "sqrt", 2_000),
              (16, 8, "linear", 2_000), (64, 32, "none", 1_000)]
-    for (d_k, n_keys, scale, n_trials), seed in zip(cases, seeds(rng, len(cases))):
+    for (d_k, n_keys, scale, n_trials), seed in zip(cases, seeds(case_rng, len(cases))):
         call_weight(learner, bugs, d_k, n_keys, scale, n_trials, seed)
     check_weight(learner.mean_max_weight(64), 64, 16, "sqrt", 2_000, 0, call="mean_max_weight(64)", bugs=bugs)
 
 
-def trend(learner, bugs, rng, n_keys, scale, holds, message, expected):
+def trend(learner, bugs, case_rng, n_keys, scale, holds, message, expected):
     """mean_max_weight over TREND_D_KS; ``holds(values)`` is the trend the scale must show."""
-    seed = seeds(rng, 1)[0]
+    seed = seeds(case_rng, 1)[0]
     calls = [(d_k, n_keys, scale, TREND_TRIALS, seed) for d_k in TREND_D_KS]
     got = [learner.mean_max_weight(*args) for args in calls]
     for value, args in zip(got, calls):
@@ -232,18 +232,18 @@ def trend(learner, bugs, rng, n_keys, scale, holds, message, expected):
         check_weight(value, *args, call=call_text("mean_max_weight", args, {}), bugs=bugs)
 
 
-def test_unscaled_saturates(learner, bugs, rng):
+def test_unscaled_saturates(learner, bugs, case_rng):
     """with scale "none" the max weight rises towards 1 with d_k (>= 0.9 at d_k = 512), and stays finite at d_k = 2**19"""
     # Reference: about 0.43, 0.78, 0.945; 6 standard errors of one estimate over 1_000 trials are
     # at most 0.041 (0.022 at d_k = 512, so a correct answer clears 0.9).
-    trend(learner, bugs, rng, 16, "none", lambda w: w[0] < w[1] < w[2] and w[2] >= 0.9,
+    trend(learner, bugs, case_rng, 16, "none", lambda w: w[0] < w[1] < w[2] and w[2] >= 0.9,
           "Unscaled scores have std sqrt(d_k): as d_k grows one key takes nearly all the weight, so the "
           "mean max weight must rise with d_k and reach 0.9 by d_k = 512.",
           "rising with d_k, >= 0.9 at d_k = 512 (the softmax saturates)")
     # At d_k = 2**19 unscaled scores have std 724 and a row spans ~1,500: exp of anything but
     # scores minus the row's max overflows (exp(710) is inf in float64) and the weights turn NaN.
     # 4 trials of 4 keys draw 67 MB. A max weight always lies in [1 / n_keys, 1].
-    d_k, n_keys, n_trials, seed = 2**19, 4, 4, seeds(rng, 1)[0]
+    d_k, n_keys, n_trials, seed = 2**19, 4, 4, seeds(case_rng, 1)[0]
     call = call_text("mean_max_weight", (d_k, n_keys, "none", n_trials, seed), {})
     got = learner.mean_max_weight(d_k, n_keys, "none", n_trials, seed)
     check_float(got, call=call)
@@ -252,12 +252,12 @@ def test_unscaled_saturates(learner, bugs, rng):
                 expected=f"a mean max weight in [1/{n_keys}, 1]")
 
 
-def test_linear_goes_uniform(learner, bugs, rng):
+def test_linear_goes_uniform(learner, bugs, case_rng):
     """with scale "linear" the max weight falls towards 1 / n_keys"""
     # Reference with 8 keys: about 0.227, 0.159, 0.133 against 1 / 8 = 0.125; 6 standard errors of
     # one estimate are at most 0.013 (0.0006 at d_k = 512).
     n_keys = 8
-    trend(learner, bugs, rng, n_keys, "linear", lambda w: w[0] > w[1] > w[2] and w[2] <= 1.15 / n_keys,
+    trend(learner, bugs, case_rng, n_keys, "linear", lambda w: w[0] > w[1] > w[2] and w[2] <= 1.15 / n_keys,
           "Scores divided by d_k have std 1 / sqrt(d_k), which shrinks to 0: the softmax turns uniform, "
           f"so the mean max weight must fall with d_k towards 1 / n_keys = {1 / n_keys:g}.",
           f"falling with d_k, <= 1.15 / n_keys = {1.15 / n_keys:.4f} at d_k = 512")
@@ -280,9 +280,9 @@ def check_raises_value_error(member, args, label):
                 got=f"returned {describe_value(got)}", expected="ValueError")
 
 
-def test_unknown_scale_raises(learner, rng):
+def test_unknown_scale_raises(learner, case_rng):
     """an unknown scale raises ValueError in all three functions"""
-    seed = seeds(rng, 1)[0]
+    seed = seeds(case_rng, 1)[0]
     for bad in ("log", "d_k"):
         check_raises_value_error(learner.score_std, (8, bad), "score_std")
         check_raises_value_error(learner.sample_score_std, (8, bad, 1_000, seed), "sample_score_std")

@@ -1,14 +1,14 @@
-"""Hidden checks of the softmax kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the softmax kata: fresh values at each grading, never in a student bundle."""
 import numpy as np
 
 from graders.engine import expect
 
 
-def test_sums_to_one(learner, bugs, kata, rng):
+def test_sums_to_one(learner, bugs, kata, case_rng, rng):
     """slices along axis sum to 1"""
-    # A fresh shape, 2-D to 4-D: a 1-D array has one axis only, so a softmax that ignores `axis`
+    # A shape of its own, 2-D to 4-D: a 1-D array has one axis only, so a softmax that ignores `axis`
     # passes there (the public checks cover 1-D).
-    shape = tuple(int(n) for n in rng.integers(2, 8, size=rng.integers(2, 5)))
+    shape = tuple(int(n) for n in case_rng.integers(2, 8, size=case_rng.integers(2, 5)))
     x = rng.standard_normal(shape) * rng.uniform(0.5, 20)
     tol = kata.tolerance("float64", expect.magnitude(x))   # as for the values: see check_values
     for axis in range(-len(shape), len(shape)):

@@ -1,20 +1,20 @@
-"""Hidden checks of the split-heads kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the split-heads kata: fresh values at each grading, never in a student bundle."""
 import torch
 
 from graders.engine import expect
 from graders.split_heads import RUNS, merge, randn, x_case
 
 
-def fresh_run(rng):
-    """(B, T, C, H, dtype) drawn anew, with H != hd as in the public runs."""
-    H = int(rng.integers(2, 6))
-    hd = int(rng.choice([n for n in range(2, 9) if n != H]))
-    return int(rng.integers(2, 5)), int(rng.integers(3, 10)), H * hd, H, torch.float64
+def fresh_run(case_rng):
+    """(B, T, C, H, dtype) drawn from case_rng, with H != hd as in the public runs."""
+    H = int(case_rng.integers(2, 6))
+    hd = int(case_rng.choice([n for n in range(2, 9) if n != H]))
+    return int(case_rng.integers(2, 5)), int(case_rng.integers(3, 10)), H * hd, H, torch.float64
 
 
-def test_roundtrip(learner, bugs, kata, rng, device):
+def test_roundtrip(learner, bugs, kata, case_rng, rng, device):
     """merge_heads(split_heads(x)) == x, and scaling head h in between scales channels h*hd:(h+1)*hd"""
-    for B, T, C, H, dtype in [*RUNS, fresh_run(rng)]:
+    for B, T, C, H, dtype in [*RUNS, fresh_run(case_rng)]:
         tol = kata.tolerance(dtype)
         x = randn(rng, B, T, C, dtype=dtype)
         case = x_case(B, T, C, H, dtype)

@@ -1,4 +1,4 @@
-"""Hidden checks of the tp-attention kata: fresh inputs at each grading, never in a student bundle."""
+"""Hidden checks of the tp-attention kata: fresh values at each grading, never in a student bundle."""
 import torch
 
 from graders.engine import expect

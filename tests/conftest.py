@@ -12,7 +12,7 @@ import pytest
 
 from graders.engine import bwrap
 from graders.engine.manifest import ROOT, Kata, find
-from graders.engine.runner import grade, grade_seeds
+from graders.engine.runner import grade
 from graders.engine.sandbox import Zygote
 
 KATA = Path(sys.executable).with_name("kata")   # the installed console script
@@ -47,7 +47,8 @@ def as_user(who: str) -> dict:
 
 def pytest_addoption(parser):
     parser.addoption("--kata", metavar="SLUG", help="only KATA's own tests: its grader's (tests/test_kata_<module>.py), "
-                     "its content (reference, stub, bug oracles) and its style zoo")
+                     "its content's rules, its record's gradings (reference, stub, bug oracles, style zoo) and the "
+                     "structure of its cases")
 
 
 QUICK = pytest.StashKey[Kata | None]()   # the kata of --kata, found once in pytest_configure
@@ -67,21 +68,23 @@ def _quick_tier(config):
 def pytest_ignore_collect(collection_path, config):
     kata = config.stash[QUICK]
     if kata is not None and collection_path.suffix == ".py" and collection_path.name.startswith("test_") \
-            and collection_path.name not in ("test_content.py", "test_zoo.py", f"test_kata_{kata.module}.py"):
+            and collection_path not in (*PER_KATA, kata.files["tests"]):
         return True
     return None
 
 
+PER_KATA = (Path(__file__).with_name("test_content.py"), Path(__file__).with_name("test_cases.py"))
+
+
 def _about(item, kata) -> bool:
-    """Whether a content or zoo test is about ``kata``: a parameter names it (a slug, or a zoo file)."""
-    params = item.callspec.params.values() if hasattr(item, "callspec") else ()
-    return any(v == kata.slug or (isinstance(v, Path) and v.parent.name == kata.slug) for v in params)
+    """Whether a test of PER_KATA is about ``kata``: its ``slug`` parameter names it."""
+    return getattr(item, "callspec", None) is not None and item.callspec.params.get("slug") == kata.slug
 
 
 def pytest_collection_modifyitems(config, items):
     kata = config.stash[QUICK]
     if kata is not None:
-        mine = {i for i in items if i.path.name.startswith("test_kata_") or _about(i, kata)}
+        mine = {i for i in items if i.path == kata.files["tests"] or _about(i, kata)}
         config.hook.pytest_deselected(items=[i for i in items if i not in mine])
         items[:] = [i for i in items if i in mine]
     _write_groups(config, items)
@@ -203,40 +206,6 @@ def grade_source(tmp_path, zygotes):
         return result
 
     return run
-
-
-# The seeds every known bug is graded at (tests/test_content.py, tests/zoo): its grade must not hang
-# on the draw. Small ones, as `--seed` replays take, and ones like a class's grading seeds, which
-# lie in [2**31, 2**32).
-SEEDS = [1, 2, 3, 4, 5] + [2**31 + i for i in (0, 1, 2, 3, 7, 11, 99, 1_000, 4_099, 65_535, 123_456, 2**24,
-                                              10**8, 2**30, 2**31 - 1)]
-
-
-@pytest.fixture
-def grade_at_seeds(tmp_path, zygotes):
-    """Grade a learner file written from ``source``, under the file name a learner hands in, at each
-    of ``seeds`` (its hidden checks at the same seed) in one pytest session (runner.grade_seeds).
-    Returns the results in the order of ``seeds``."""
-
-    def run(slug, source, seeds):
-        kata = find(slug)
-        path = tmp_path / kata.learner_file
-        path.write_text(source, encoding="utf-8")
-        return grade_seeds(kata, path, seeds, device="cpu", zygote=zygotes(kata.framework))
-
-    return run
-
-
-def uneven(results, seeds) -> dict:
-    """{check id: the seeds at which it was lost} of each check lost at some of ``seeds`` but not
-    at all: empty when every seed gives the same grade."""
-    lost = {}
-    for seed, result in zip(seeds, results, strict=True):
-        for check in result["checks"]:
-            lost.setdefault(check["id"], [])
-            if check["status"] not in ("passed", "skipped"):
-                lost[check["id"]].append(seed)
-    return {cid: at for cid, at in lost.items() if 0 < len(at) < len(seeds)}
 
 
 @pytest.fixture

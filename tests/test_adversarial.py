@@ -1,4 +1,4 @@
-"""A class of adversarial learners graded by the real `kata grade` (DESIGN.md, security model).
+"""A class of adversarial learners graded by the real `kata grade` (docs/security.md).
 
 Each folder of tests/adversarial/ is a learner. Most try one trick to get points they did not earn,
 wrapped around a known computation: the same file without the trick is a control learner in the

@@ -1,6 +1,6 @@
-"""The packages' layers (README, "Architecture"): the judge imports nothing built around it, a
-feature imports only the layers below its own, no import statement names a kata's grader or the
-reference, and no import cycle, counting the imports made inside functions."""
+"""The packages' layers (docs/authoring.md, "Architecture"): the judge imports nothing built
+around it, a feature imports only the layers below its own, no import statement names a kata's
+grader or the reference, and no import cycle, counting the imports made inside functions."""
 import ast
 import importlib
 

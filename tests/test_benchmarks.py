@@ -1,14 +1,13 @@
 """The benchmark scripts run and print their figures (the figures themselves are not asserted:
-performance claims live in the benchmarks' output, not in timed tests)."""
+performance claims live in the benchmarks' output, not in timed tests, so they run beside the
+other tests here; docs/measurements.md's figures come from an idle machine)."""
+import importlib.util
 import re
 import subprocess
 import sys
 
-import pytest
-
 from graders.engine.manifest import ROOT
 
-pytestmark = pytest.mark.serial   # a benchmark measures an idle machine
 
 
 def test_check_overhead_prints_a_ratio_per_kata():
@@ -52,3 +51,27 @@ def test_suite_time_prints_each_tier():
     refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite_time.py"), "--tiers", "fast"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "unknown tier(s) fast" in refused.stderr
+
+
+def test_check_time_prints_each_katas_cold_check():
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "check_time.py"), "softmax", "--runs", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^softmax\s+\d+\.\d\d s\s+\d+\.\d\d s$", run.stdout, re.M), run.stdout
+
+
+def test_suite_time_gives_each_kata_its_share_of_the_full_tier(tmp_path):
+    """A test is about the kata its parameters name first, the longest slug that fits, or whose own
+    tests file it is; a kata's share is its tests' time over the workers."""
+    spec = importlib.util.spec_from_file_location("suite_time", ROOT / "benchmarks" / "suite_time.py")
+    suite_time = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite_time)
+    report = tmp_path / "full.xml"
+    report.write_text('<testsuites><testsuite>'
+                      '<testcase classname="tests.test_content" name="test_rule_holds[mha-by-loop-api]" time="4"/>'
+                      '<testcase classname="tests.test_content" name="test_rule_holds[mha-api]" time="2"/>'
+                      '<testcase classname="tests.test_kata_mha" name="test_something" time="6"/>'
+                      '<testcase classname="tests.test_cli" name="test_list[softmaxes]" time="100"/>'
+                      '</testsuite></testsuites>')
+    got = suite_time.shares(report, ["mha", "mha-by-loop", "softmax"])
+    assert got == {"mha": 8 / suite_time.WORKERS, "mha-by-loop": 4 / suite_time.WORKERS, "softmax": 0.0}

@@ -203,9 +203,10 @@ def test_cuda_without_a_gpu_is_an_environment_error(kata_cmd):
 def test_lint_passes_on_softmax(kata_cmd):
     run = kata_cmd("lint", "softmax", "--seed", "3")
     assert run.returncode == 0, run.stdout
-    assert "reference passes with full score 10/10" in run.stdout
-    assert "stub is not-started" in run.stdout
-    assert "bug oracle softmax-overflow" in run.stdout and "0 problem(s)" in run.stdout
+    assert "softmax: reference: passed 10/10 losing nothing" in run.stdout
+    assert "softmax: stub: not-started" in run.stdout
+    assert "softmax: oracle softmax-overflow: failed 7/10 losing stable-for-large-logits, banned-api, diagnosed " \
+           "softmax-overflow" in run.stdout and "0 problem(s)" in run.stdout
 
 
 def test_help_comes_from_docstrings(kata_cmd):

@@ -1,90 +1,101 @@
-"""Content is checked like code: for every kata found in katas/, the reference passes with full
-score, the stub is not-started, every bug oracle is caught with its own diagnosis code (at every
-seed of SEEDS, with the same grade at each), tampering is diagnosed where the manifest declares
-it, and stub and reference share names, signatures and docstrings, and its files cite only what
-ships."""
+"""Content is checked like code: every rule of docs/authoring.md, for every kata found in katas/.
+
+The rules that read a kata's files run here as they are (lint.RULES). The graded rules were
+proven by `kata lint --deep` at every seed of deep.SEEDS and recorded beside the kata's manifest
+with its fingerprint. Here the record must match the kata's files and say every rule held, and
+each subject it graded (the reference, the stub, the tampering probe, every bug oracle, every file
+of the style zoo) is graded again, at one of its recorded seeds, and must keep its rule and give
+exactly what the record says. test_cases.py proves at every seed that the checks' case structure
+does not depend on it: why one seed stands for twenty."""
 import dataclasses
+import json
 import shutil
 
 import pytest
 
-from conftest import SEEDS, uneven
-from graders.authoring.lint import check_api, check_checks_table, check_citations, check_hints, check_learner_words
-from graders.engine.manifest import find, katas
-from graders.engine.oracles import Bugs, code_of
-from graders.engine.structure import TAMPERING, TAMPERING_PROBE
+from graders.authoring.deep import GRADED, record_problems, regrade, subjects
+from graders.authoring.lint import RULES, check_checks_table, check_citations, check_hints, check_learner_words
+from graders.engine.manifest import ROOT, find, katas
+from graders.engine.structure import TAMPERING
 
 KATAS = [k.slug for k in katas()]
-ORACLES = [(k.slug, name) for k in katas() for name in Bugs(k).names]   # every variant of every bug
+SUBJECTS = [pytest.param(k.slug, s.name, id=f"{k.slug}-{s.name.replace(' ', '-')}") for k in katas()
+            for s in subjects(k)]
 
 
-@pytest.mark.parametrize("slug", KATAS)
-def test_reference_passes_with_full_score(slug, grade_source):
-    kata = next(k for k in katas() if k.slug == slug)
-    # Its source, not an import: as root the sandbox cannot read reference/.
-    result = grade_source(slug, kata.reference_path.read_text())
-    failed = {c["id"]: c["message"] for c in result["checks"] if c["status"] not in ("passed", "skipped")}
-    assert failed == {}
-    assert result["status"] == "passed"
-    assert result["score"] == result["max_score"] > 0
-    assert result["diagnoses"] == []
-
-
-@pytest.mark.parametrize("slug", KATAS)
-def test_stub_is_not_started(slug, grade_source):
-    kata = next(k for k in katas() if k.slug == slug)
-    result = grade_source(slug, kata.stub_path.read_text())
-    assert result["status"] == "not-started"
-    assert result["score"] == 0
-    assert all(c["status"] in ("failed", "skipped") for c in result["checks"])
-
-
-@pytest.mark.parametrize("slug,name", ORACLES)
-def test_bug_oracle_is_caught_with_its_own_diagnosis(slug, name, grade_at_seeds):
-    """At every seed of SEEDS, losing the same checks at each: a known bug's grade must not hang on
-    the draw of a class's seeds."""
-    kata = next(k for k in katas() if k.slug == slug)
-    results = grade_at_seeds(slug, Bugs(kata).shim(name), SEEDS)
-    for seed, result in zip(SEEDS, results):
-        assert result["status"] == "failed", f"seed {seed}"
-        assert code_of(name) in result["diagnoses"], f"seed {seed}: {result['diagnoses']}"
-        # ... and no other code's explanation: that would be a wrong diagnosis of this one mistake.
-        assert set(result["diagnoses"]) <= {code_of(name), TAMPERING}, f"seed {seed}: {result['diagnoses']}"
-        assert result["score"] < result["max_score"], f"seed {seed}"
-    assert uneven(results, SEEDS) == {}
-    assert len({r["score"] for r in results}) == 1   # so the same grade at every seed
-
-
-@pytest.mark.parametrize("slug", KATAS)
-def test_tampering_is_diagnosed_where_declared(slug, grade_source):
-    """tampering has no bug oracle (the source scan finds it, whatever the code computes): the
-    reference with a tampering line added stands for one."""
-    kata = next(k for k in katas() if k.slug == slug)
-    result = grade_source(slug, kata.reference_path.read_text() + TAMPERING_PROBE)
-    tampered = [c for c in result["checks"] if c["diagnosis"] == TAMPERING]
-    assert bool(tampered) == (TAMPERING in kata.diagnoses)
-    assert all(c["score"] == 0 and "inspect (line" in c["message"] for c in tampered)
-    assert all(c["status"] in ("passed", "skipped") for c in result["checks"] if c not in tampered)
-
-
-@pytest.mark.parametrize("slug", KATAS)
-def test_stub_and_reference_share_the_api(slug):
-    kata = next(k for k in katas() if k.slug == slug)
-    assert all(f.ok for f in check_api(kata)), [f.what for f in check_api(kata) if not f.ok]
-
-
-@pytest.mark.parametrize("slug", KATAS)
-def test_diagnoses_documented_and_every_task_hinted(slug):
-    kata = next(k for k in katas() if k.slug == slug)
-    assert set(kata.diagnoses) - {TAMPERING} == set(Bugs(kata).codes)
-    assert all(task.hints for task in kata.tasks)
-    assert all(d.explain and d.fix for d in kata.diagnoses.values())
-
-
-@pytest.mark.parametrize("slug", KATAS)
-def test_every_check_has_a_hint(slug):
-    ok, what = check_hints(find(slug))
+@pytest.mark.parametrize("slug, rule", [(k.slug, r.name) for k in katas() for r in RULES])
+def test_rule_holds(slug, rule):
+    ok, what = next(r for r in RULES if r.name == rule).check(find(slug))
     assert ok, what
+
+
+@pytest.mark.parametrize("slug", KATAS)
+def test_the_record_vouches_for_the_kata(slug):
+    """katas/<slug>/lint.json matches the kata's files, and every entry keeps its rule."""
+    said = record_problems(find(slug))
+    assert not said, "\n".join(said)
+
+
+@pytest.mark.parametrize("slug, name", SUBJECTS)
+def test_a_recorded_grading_holds(slug, name, tmp_path, zygotes):
+    """The subject graded at one of its recorded seeds keeps its rule and gives what the record
+    says (when the record is current: otherwise the test above fails, naming the command)."""
+    kata = find(slug)
+    subject = next(s for s in subjects(kata) if s.name == name)
+    said, result = regrade(kata, subject, folder=tmp_path, zygote=zygotes(kata.framework))
+    assert not said, "\n".join(said)
+    if subject.rule == "tampering":   # the scan says where it looked
+        assert all("inspect (line" in c["message"] for c in result["checks"] if c["diagnosis"] == TAMPERING)
+
+
+def _moved(kata, tmp_path, role, change):
+    """``kata`` with the file of ``role`` replaced by a copy in ``tmp_path`` that ``change`` edits."""
+    copy = tmp_path / kata.files[role].name
+    copy.write_text(change(kata.files[role].read_text()))
+    return dataclasses.replace(kata, paths={**kata.paths, role: copy})
+
+
+@pytest.mark.parametrize("role", ["reference", "grader"])
+def test_a_kata_changed_since_its_deep_lint_fails_naming_the_command(role, tmp_path):
+    kata = find("softmax")
+    assert record_problems(kata) == []
+    changed = _moved(kata, tmp_path, role, lambda text: text + "\n# changed\n")
+    said = record_problems(changed)
+    assert len(said) == 1 and "its content changed since `kata lint --deep softmax` was run" in said[0] \
+        and kata.files[role].relative_to(ROOT).as_posix() in said[0] and "commit katas/softmax/lint.json" in said[0]
+
+
+def _planted(kata, tmp_path, name, **result):
+    """``kata`` with a record whose entry for ``name`` says ``result`` instead."""
+    record = json.loads(kata.files["record"].read_text())
+    record["subjects"][name]["result"].update(result)
+    return _moved(kata, tmp_path, "record", lambda _: json.dumps(record))
+
+
+def test_a_record_entry_that_breaks_its_rule_is_caught(tmp_path):
+    kata = find("softmax")
+    said = record_problems(_planted(kata, tmp_path, "oracle softmax-overflow", status="passed", score=10.0, lost={},
+                                    diagnoses=[]))
+    assert len(said) == 1 and "says oracle softmax-overflow breaks its rule" in said[0] \
+        and "was not written by `kata lint --deep softmax`" in said[0]
+
+
+def test_a_record_entry_planted_with_a_wrong_result_is_caught(tmp_path, zygotes):
+    """A result that keeps the rule but is not what grading gives (a score moved): the sampled
+    re-grade sees it."""
+    kata, name = find("softmax"), "oracle softmax-overflow"
+    planted = _planted(kata, tmp_path, name, score=6.0)
+    assert record_problems(planted) == []   # the record alone looks right
+    said, _ = regrade(planted, next(s for s in subjects(kata) if s.name == name), folder=tmp_path,
+                      zygote=zygotes(kata.framework))
+    assert len(said) == 1 and "where lint.json records 6/10" in said[0] and "kata lint --deep softmax" in said[0]
+
+
+def test_the_authors_guide_lists_every_rule():
+    """docs/authoring.md lists each rule the suite applies, as the code words it."""
+    guide = (ROOT / "docs" / "authoring.md").read_text()
+    missing = [rule.name for rule in (*RULES, *GRADED) if f"- `{rule.name}`: {rule.text}.\n" not in guide]
+    assert not missing, f"docs/authoring.md lacks (or words otherwise) the rules {missing}"
 
 
 def test_lint_refuses_a_check_no_hint_serves():
@@ -94,18 +105,6 @@ def test_lint_refuses_a_check_no_hint_serves():
         for hint in task.hints)) for task in kata.tasks)
     ok, what = check_hints(dataclasses.replace(kata, tasks=tasks))
     assert not ok and what == "checks no hint serves (name them in a hint's `for`): banned-api"
-
-
-@pytest.mark.parametrize("slug", KATAS)
-def test_files_cite_only_what_ships(slug):
-    ok, what = check_citations(find(slug))
-    assert ok, what
-
-
-@pytest.mark.parametrize("slug", KATAS)
-def test_what_a_learner_reads_speaks_to_the_learner(slug):
-    ok, what = check_learner_words(find(slug))
-    assert ok, what
 
 
 @pytest.mark.parametrize("where, text", [
@@ -121,12 +120,6 @@ def test_words_of_the_kits_making_are_found(tmp_path, where, text):
     path.write_text(path.read_text() + text)
     ok, what = check_learner_words(dataclasses.replace(kata, dir=tmp_path / "softmax"))
     assert not ok and what.startswith(f"{where} says"), what
-
-
-@pytest.mark.parametrize("slug", KATAS)
-def test_the_readme_lists_every_check_and_marks_the_hidden_ones(slug):
-    ok, what = check_checks_table(find(slug))
-    assert ok, what
 
 
 @pytest.mark.parametrize("row, change, says", [

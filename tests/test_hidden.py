@@ -1,5 +1,6 @@
-"""Public and hidden checks: hidden checks live in graders/<module>_hidden.py, draw their inputs
-from a seed of their own (fresh per grading unless replayed), and say so in every result."""
+"""Public and hidden checks: hidden checks live in the kata's hidden grader, draw their values from
+a seed of their own (fresh per grading unless replayed), and say so in every result. (How the
+checks split between the two files is a content rule: test_content.py.)"""
 import json
 import re
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from graders.classroom.release import hidden_checks
-from graders.engine.manifest import find, katas
+from graders.engine.manifest import find
 from graders.engine.runner import grade, grade_seeds
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "graders/engine/result.schema.json").read_text())
@@ -24,21 +25,6 @@ def softmax(x, axis=-1):
     x *= 2
     return out
 '''
-
-
-def public_ids(kata) -> set[str]:
-    source = kata.grader_path.read_text()
-    return {line[len("def test_"):].split("(")[0].replace("_", "-")
-            for line in source.splitlines() if line.startswith("def test_")}
-
-
-@pytest.mark.parametrize("slug", [k.slug for k in katas()])
-def test_checks_split_into_public_and_hidden(slug):
-    kata = find(slug)
-    hidden, public = set(hidden_checks(kata)), public_ids(kata)
-    assert 1 <= len(hidden) <= 3
-    assert not hidden & public
-    assert hidden | public == set(kata.checks)
 
 
 @pytest.fixture
@@ -76,8 +62,9 @@ def test_hidden_seed_replays_hidden_inputs(echo_file, zygotes):
 
 
 def test_grading_at_several_seeds_is_a_grading_at_each(echo_file, zygotes):
-    """grade_seeds, one pytest session for several seeds (how the content tests sweep a bug over
-    them), returns what a grading at each seed returns: the same inputs drawn, the same results."""
+    """grade_seeds, one pytest session for several seeds (how `kata lint --deep` grades a bug at
+    each of its seeds), returns what a grading at each seed returns: the same inputs drawn, the
+    same results."""
     kata = find("softmax")
     seeds = [3, 2**31 + 3]
     at_once = grade_seeds(kata, echo_file, seeds, device="cpu", zygote=zygotes(kata.framework))

@@ -1,12 +1,13 @@
-"""`kata hint` aims at the first check the last run failed (graders/practice/hints.py), through the
-installed command: per kata, a file whose only mistake is a late task's gets that task's hint first."""
+"""`kata hint` aims at the first check the last run failed (graders/practice/hints.py): per kata, a
+file whose only mistake is a late task's gets that task's hint first; and through the installed
+command, the hints follow the failed checks and say when they are all seen."""
 import json
-import re
 import shutil
 
 import pytest
 
 from graders.engine.manifest import ROOT, find
+from graders.practice import hints
 
 ZOO = ROOT / "tests" / "zoo"
 
@@ -34,27 +35,26 @@ LATE = {
 
 
 @pytest.mark.parametrize("slug", LATE)
-def test_the_first_hint_is_for_the_failed_check(kata_cmd, slug):
+def test_the_first_hint_is_for_the_failed_check(grade_source, slug):
+    """Graded in the kit's sandbox as `kata check` grades, the hint `kata hint` would give first
+    (hints.choose, on the run's failed checks; the command's own path is the next test's)."""
     kata = find(slug)
     mistake, task = LATE[slug]
     if isinstance(mistake, str):
         source = (ZOO / slug / f"{mistake}.py").read_text()
     else:
         source = kata.reference_path.read_text().replace(*mistake, 1)
-    (kata_cmd.workspace / kata.learner_file).write_text(source)
-    run = kata_cmd("check", slug, "--seed", "1", "--json")
-    failed = {c["id"]: c["diagnosis"] for c in json.loads(run.stdout)["checks"] if c["status"] in ("failed", "error")}
-    assert failed, run.stdout
-    heading, text = kata_cmd("hint", slug).stdout.splitlines()[:2]
-    assert heading.endswith(f" (task {task}: {kata.tasks[task - 1].title})"), heading
-    check = re.search(r"for the failed check `([a-z0-9-]+)`", heading).group(1)
-    code = re.search(r", diagnosed `([a-z0-9-]+)`", heading)
-    hint = next(h for h in kata.hints if h.text == text)
+    failed = hints.failed_checks(grade_source(slug, source))
+    assert failed
+    choice = hints.choose(kata, set(), failed)
+    said = hints.heading(kata, choice)
+    assert said.endswith(f" (task {task}: {kata.tasks[task - 1].title})"), said
+    hint = kata.hints[choice.index]
     assert kata.task_of(hint) == task > 1
-    if code:
-        assert failed[check] == code.group(1) and code.group(1) in hint.serves
+    if choice.code:
+        assert dict(map(tuple, failed))[choice.check] == choice.code and choice.code in hint.serves
     else:
-        assert check == next(iter(failed)) and check in hint.serves
+        assert choice.check == failed[0][0] and choice.check in hint.serves
 
 
 def test_hints_follow_the_failed_checks_then_say_they_are_seen(kata_cmd):

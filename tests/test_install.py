@@ -1,6 +1,6 @@
-"""The README's instructor install, a normal (not editable) install of the kit: every instructor
-command works from it, `kata gradescope` included, whose wheel is then packed again from the
-installed files."""
+"""The instructor's install (docs/teaching.md), a normal (not editable) install of the kit: every
+instructor command works from it, `kata gradescope` included, whose wheel is then packed again
+from the installed files."""
 import json
 import os
 import subprocess

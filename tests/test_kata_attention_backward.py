@@ -169,7 +169,7 @@ def test_gradients_returned_in_float64_fail_only_the_float32_case(grade_source):
 
 
 def test_a_scale_from_the_value_width_fails_gradcheck(grade_source):
-    # Right wherever dv == hd: only gradcheck's v is wider than q (and, by chance, fresh shapes).
+    # Right wherever dv == hd: only gradcheck's v is wider than q (and the hidden shapes').
     result = grade_source("attention-backward", SOLUTION.replace("q.shape[-1] ** -0.5", "v.shape[-1] ** -0.5"))
     assert failed_public(result) == {"gradcheck": None}
     assert "central differences" in checks_by_id(result)["gradcheck"]["message"]
@@ -265,6 +265,6 @@ def test_introspection_is_tampering(grade_source):
 
 def test_a_solution_tuned_to_the_public_head_widths_fails_the_fresh_inputs(grade_source):
     source = SOLUTION.replace("scale = q.shape[-1] ** -0.5", "scale = {3: 3 ** -0.5, 4: 0.5}[q.shape[-1]]")
-    result = grade_source("attention-backward", source, seed=7)   # fresh head widths 7 and 6
+    result = grade_source("attention-backward", source)   # the hidden head widths are 8 and 6
     assert failed(result) == {"fresh-inputs": None, "gradients-sum-to-zero": None}
     assert "KeyError" in checks_by_id(result)["fresh-inputs"]["message"]

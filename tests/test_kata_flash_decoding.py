@@ -147,7 +147,7 @@ def test_each_failure_path(grade_source):
         # no argument checks: ceil(Tk / 0) raises ZeroDivisionError, and an empty cache gives NaN
         "rejects-bad-arguments": (SOLUTION.replace(CHECKS, "    Tk = k.shape[-2]\n"), {"rejects-bad-arguments": None}),
     }
-    for check, (source, expected, *maybe) in cases.items():   # maybe: checks whose fresh draw may miss it
+    for check, (source, expected, *maybe) in cases.items():   # maybe: checks whose own cases need not show it
         got = failed(result := grade_source("flash-decoding", source))
         assert {c: d for c, d in got.items() if c not in (maybe or [set()])[0]} == expected, (check, got)
         assert result["checks"] and check in got

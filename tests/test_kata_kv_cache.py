@@ -184,10 +184,11 @@ def test_a_float32_softmax_inside_gets_full_marks_with_a_note(grade_source):
     result = grade_source("kv-cache", source, seed=3)
     assert result["score"] == result["max_score"], failed(result)
     checks = checks_by_id(result)
-    # Decoding is compared with the same module's full forward, float32 inside as well: there the
-    # note comes only where the two orders of summation round apart, as they do in chunks.
-    for check in ("full-forward-matches-sdpa", "chunked-prefill-bottom-right"):
-        assert "float32-inside" in str(checks[check]["notes"]), check
+    assert "float32-inside" in str(checks["full-forward-matches-sdpa"]["notes"])
+    # Decoding is compared with the same module's full forward, float32 inside as well: a note
+    # comes there only where the two orders of summation round apart, which depends on the CPU's
+    # kernels (none do on some machines), so only its pass is asserted.
+    assert checks["chunked-prefill-bottom-right"]["status"] == "passed"
 
 
 def test_llamas_time_axis_concatenates_the_heads(grade_source):
@@ -430,8 +431,8 @@ def test_sdpa_with_a_bottom_right_mask_fails_only_the_banned_api_check(grade_sou
 
 
 def test_a_buffer_sized_for_the_public_checks_fails_a_longer_hidden_schedule(grade_source):
-    """decodes-any-chunk-schedule: a buffer of 10 tokens holds every public sequence, not the hidden ones
-    (torch broadcasts a write past its end into an empty slice: the 11th token is silently lost)."""
+    """decodes-any-chunk-schedule: a buffer of 10 tokens holds every public sequence, not the hidden ones,
+    which are longer: a chunk written past its end does not fit."""
     source = SOLUTION.replace('''        if self.k is None or self.pos + t > self.k.shape[2]:
             size = max(16, 2 * (self.pos + t))
 ''', '''        if self.k is None:
@@ -441,7 +442,7 @@ def test_a_buffer_sized_for_the_public_checks_fails_a_longer_hidden_schedule(gra
     result = grade_source("kv-cache", source, seed=4)
     assert failed(result) == ["decodes-any-chunk-schedule"]
     message = checks_by_id(result)["decodes-any-chunk-schedule"]["message"]
-    assert "differ from m(x), the same module's full forward" in message and "float64[2, 11, 24]" in message
+    assert "cache=kv_cache.KVCache, start_pos=9) raised RuntimeError" in message
 
 
 def test_caches_sharing_class_attributes_fail_only_with_two_layers(grade_source):

@@ -225,11 +225,11 @@ def test_a_kv_cache_as_the_state_is_state_grows_with_t(grade_source):
 
 
 def test_tuned_to_the_public_widths_fails_the_hidden_checks(grade_source):
-    # Right for the public (d, dv) pairs only; seed 2 draws other widths for the hidden checks.
+    # Right for the public (d, dv) pairs only; the hidden checks' widths are others.
     source = replace(SOLUTION, "    return (sim / sim.sum(-1, keepdim=True)) @ v",
                      "    if (q.shape[-1], v.shape[-1]) not in ((4, 6), (5, 3)):\n        return sim @ v\n"
                      "    return (sim / sim.sum(-1, keepdim=True)) @ v")
-    result = grade_source("linear-attention", source, seed=2)
+    result = grade_source("linear-attention", source)
     assert failing(result) == {"fresh-parallel-forms"}
     assert checks_by_id(result)["fresh-parallel-forms"]["diagnosis"] == "normaliser-forgotten"
 

@@ -70,7 +70,7 @@ def test_bundle_readme_is_the_students(bundle):
     assert readme.startswith("# Attention katas") and f"recorded at seed {SEED}" in readme
     for slug in BUNDLED:
         assert f"| `{slug}` | {find(slug).title} | `{find(slug).learner_file}` |" in readme
-    # The instructor's and the author's parts of the kit's README stay with the kit.
+    # The instructor's and the author's guides (the kit's docs/) stay with the kit.
     assert "`pip install\njupyterlab`" in readme and "`jupyter lab`" in readme   # for a course's notebooks
     for theirs in ("kata grade", "kata release", "Gradescope", "nbgrader", "reference"):
         assert theirs not in readme

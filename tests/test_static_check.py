@@ -1,13 +1,13 @@
 """The static check that structure checks stand on (structure.tampering): each way learners hid
 work from the recorder or reached the worker's objects, as a small learner file refused with its
-line; every reference, stub and style-zoo file of a kata with structure checks let through; and
-two attacks graded end to end, which earn no more than the same computation without the trick."""
+line; and two attacks graded end to end, which earn no more than the same computation without
+the trick. (That every reference, stub and style-zoo file of a kata with structure checks is let
+through is a content rule, `scan`: test_content.py.)"""
 from pathlib import Path
 
 import pytest
 
 from conftest import checks_by_id
-from graders.engine.manifest import katas
 from graders.engine.structure import TAMPERING, tampering
 
 ZOO = Path(__file__).with_name("zoo")
@@ -248,24 +248,6 @@ def test_a_numpy_kata_takes_numpy_and_not_torch():
     source = "import numpy as np\nimport torch\n\n\ndef softmax(x, axis=-1):\n    return np.exp(x)\n"
     assert tampering(source, "numpy") == ["import torch (line 2)"]
     assert scan(source) == ["import numpy (line 1)"]
-
-
-def test_code_nobody_here_wrote_passes():
-    """Every reference, stub and style-zoo file of each kata with structure checks, but the zoo's
-    bugs of two kinds: `tampering` (refused, as it must be) and `banned-api` files that import what
-    the kata bans (torch in the NumPy softmax, torch.autograd in attention-backward), whose
-    banned-api check names them first."""
-    checked = 0
-    for kata in (k for k in katas() if TAMPERING in k.diagnoses):
-        for path in [kata.reference_path, kata.stub_path, *sorted((ZOO / kata.slug).glob("*.py"))]:
-            code = path.stem.partition("__")[2]
-            found = tampering(path.read_text(encoding="utf-8"), kata.framework)
-            if code == TAMPERING:
-                assert found, path
-            elif code != "banned-api":
-                assert found == [], path
-                checked += 1
-    assert checked > 100
 
 
 # --- the real graders ----------------------------------------------------------------------------

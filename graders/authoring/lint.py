@@ -1,31 +1,28 @@
 """Author checks (`kata lint`): content is checked like code.
 
-For each kata: its files exist; stub and reference define the same names with the same
-signatures and docstrings; every task has a hint and every check a hint that serves it; what a
-learner reads has no words of the kit's own making; the README's checks table is [checks], hidden
-checks marked; the interview follow-ups hold enough questions of both kinds (their manifest parse
-has computed every numeric answer already); every plot the manifest lists can be drawn; the
-manifest's diagnoses are exactly the bug oracles' codes, plus ``tampering`` where the structure
-checks find it; the reference passes with full score; the stub comes out not-started; every bug
-oracle fails with its own diagnosis code and no other; and the reference with a tampering line
-added is diagnosed ``tampering`` exactly where the manifest declares it.
+``RULES`` are the rules a kata's files must keep, read from them without grading anything (the
+manifest parsing that reaches this far is a rule too: a broken manifest stops every command).
+``kata lint`` applies them and grades the reference, the stub and every bug oracle at one seed;
+``kata lint --deep`` (deep.py) applies them and every graded rule at the seeds a class could draw,
+and records the verdict. The suite applies the same rules to every kata: docs/authoring.md lists
+them all.
 """
 from __future__ import annotations
 
 import ast
 import itertools
+import random
 import re
-import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine.manifest import Kata
-from ..engine.oracles import Bugs, code_of
-from ..engine.plugin import hidden_grader
-from ..engine.runner import grade
-from ..engine.structure import TAMPERING, TAMPERING_PROBE
+from ..engine.manifest import ROOT, Kata
+from ..engine.oracles import Bugs
+from ..engine.questions import evaluate
+from ..engine.structure import TAMPERING, tampering
 from ..practice.plots import PLOTS
+from .leaks import leaks
 
 
 @dataclass
@@ -82,9 +79,8 @@ UNSHIPPED = ("KATAS.md", "DESIGN.md")
 
 def check_citations(kata: Kata) -> tuple[bool, str]:
     """The kata's files cite only what ships with it (its own README), never the authors' pages."""
-    paths = (kata.readme_path, kata.stub_path, kata.dir / "kata.toml", kata.reference_path, kata.grader_path,
-             kata.reference_path.with_name(f"{kata.module}_bugs.py"), hidden_grader(kata),
-             kata.reference_path.with_name(f"{kata.module}_expected.py"))
+    paths = [kata.files[role] for role in ("readme", "stub", "manifest", "reference", "grader", "bugs", "hidden",
+                                           "expected")]
     cited = sorted({f"{path.name} cites {page}" for path in paths if path.exists()
                     for page in UNSHIPPED if page in path.read_text(encoding="utf-8")})
     return not cited, ("its files cite only what ships (the kata's README)" if not cited else
@@ -127,15 +123,6 @@ def check_learner_words(kata: Kata) -> tuple[bool, str]:
     return not found, ("its texts speak to the learner only" if not found else "; ".join(found))
 
 
-def hidden_checks(kata: Kata) -> set[str]:
-    """Ids of the checks in the kata's hidden grader file (test_foo_bar is foo-bar)."""
-    path = hidden_grader(kata)
-    if not path.exists():
-        return set()
-    return {node.name.removeprefix("test_").replace("_", "-") for node in ast.parse(path.read_text()).body
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
-
-
 def check_checks_table(kata: Kata) -> tuple[bool, str]:
     """The README's checks table is the manifest's [checks]: one row per check, in order, with its
     points, and "hidden: " at the start of exactly the hidden checks' rows."""
@@ -156,16 +143,134 @@ def check_checks_table(kata: Kata) -> tuple[bool, str]:
 
 
 MIN_CHOICE, MIN_NUMERIC = 3, 2
+MIN_HIDDEN, MAX_HIDDEN = 1, 3
+MIN_IDIOMS = 4
+# What `kata new` writes where the author has something to fill in.
+MARKER = "TODO(kata new)"
+# The roles of the files every kata has (``expected`` is optional; the zoo is a folder).
+REQUIRED = ("manifest", "readme", "stub", "reference", "bugs", "grader", "hidden", "tests")
+
+
+def check_files(kata: Kata) -> tuple[bool, str]:
+    """Every file of the kata is in its place."""
+    missing = [f"{role} ({shown(kata.files[role])})" for role in REQUIRED if not kata.files[role].is_file()]
+    if not kata.files["zoo"].is_dir():
+        missing.append(f"zoo ({shown(kata.files['zoo'])}/)")
+    return not missing, ("every file in its place" if not missing else f"missing: {', '.join(missing)}")
+
+
+def check_markers(kata: Kata) -> tuple[bool, str]:
+    """No `kata new` marker is left: every place it asked for content holds content."""
+    found = [f"{shown(path)}:{n}" for path in authored(kata) for n, line in
+             enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if MARKER in line]
+    return not found, ("no `kata new` marker left" if not found else
+                       f"{len(found)} `{MARKER}` marker(s) to fill in: {', '.join(found[:8])}"
+                       + (" …" if len(found) > 8 else ""))
+
+
+def authored(kata: Kata) -> list[Path]:
+    """The files an author writes for the kata (what `kata new` makes), those that exist."""
+    paths = [kata.files[role] for role in (*REQUIRED, "expected")] + zoo(kata)
+    return [p for p in paths if p.is_file()]
+
+
+def zoo(kata: Kata) -> list[Path]:
+    """The kata's style zoo: correct solutions ``<idiom>.py`` and bugs ``<idiom>__<code>.py``."""
+    return sorted(kata.files["zoo"].glob("*.py"))
+
+
+def zoo_code(path: Path) -> str | None:
+    """The diagnosis a zoo file must get (None: a correct solution, full marks)."""
+    return path.stem.split("__", 1)[1] if "__" in path.stem else None
+
+
+def check_zoo(kata: Kata) -> tuple[bool, str]:
+    """At least MIN_IDIOMS correct solutions in other people's idioms; each bug named for one of the
+    kata's diagnoses."""
+    files = zoo(kata)
+    correct = [p for p in files if zoo_code(p) is None]
+    unknown = [p.name for p in files if zoo_code(p) is not None and zoo_code(p) not in kata.diagnoses]
+    ok = len(correct) >= MIN_IDIOMS and not unknown
+    return ok, (f"style zoo: {len(correct)} idioms, {len(files) - len(correct)} bugs" if ok else
+                "style zoo: " + "; ".join(
+                    ([f"{len(correct)} correct idioms, at least {MIN_IDIOMS} wanted"] if len(correct) < MIN_IDIOMS else [])
+                    + ([f"{', '.join(unknown)} named for no diagnosis of the kata"] if unknown else [])))
+
+
+def public_checks(kata: Kata) -> set[str]:
+    """Ids of the checks in the kata's grader file."""
+    return _test_ids(kata.files["grader"])
+
+
+def hidden_checks(kata: Kata) -> set[str]:
+    """Ids of the checks in the kata's hidden grader file (test_foo_bar is foo-bar)."""
+    return _test_ids(kata.files["hidden"])
+
+
+def _test_ids(path: Path) -> set[str]:
+    if not path.exists():
+        return set()
+    return {node.name.removeprefix("test_").replace("_", "-") for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+
+
+def check_graders(kata: Kata) -> tuple[bool, str]:
+    """The graders' checks are [checks]: each in one file, MIN_HIDDEN to MAX_HIDDEN of them hidden."""
+    public, hidden = public_checks(kata), hidden_checks(kata)
+    problems = []
+    if public | hidden != set(kata.checks) or public & hidden:
+        problems.append(f"checks of the graders {sorted(public | hidden)} against [checks] {sorted(kata.checks)}"
+                        + (f"; in both files: {', '.join(sorted(public & hidden))}" if public & hidden else ""))
+    if not MIN_HIDDEN <= len(hidden) <= MAX_HIDDEN:
+        problems.append(f"{len(hidden)} hidden checks, {MIN_HIDDEN} to {MAX_HIDDEN} wanted")
+    return not problems, (f"{len(public)} public and {len(hidden)} hidden checks, as [checks] lists them"
+                          if not problems else "; ".join(problems))
 
 
 def check_followups(kata: Kata) -> tuple[bool, str]:
-    """An interview asks up to five questions of one kata, with both kinds: the bank must hold them."""
+    """An interview asks up to five questions of one kata, with both kinds: the bank must hold them,
+    each asked and graded as written (``asked_wrong``)."""
     kinds = [q.kind for q in kata.followups]
     choice, numeric = kinds.count("choice"), kinds.count("numeric")
-    ok = choice >= MIN_CHOICE and numeric >= MIN_NUMERIC
-    return ok, (f"{len(kinds)} follow-up questions ({choice} choice, {numeric} numeric)" if ok else
-                f"follow-ups: {choice} choice and {numeric} numeric questions; an interview needs at least "
-                f"{MIN_CHOICE} and {MIN_NUMERIC}")
+    wrong = [f"{q.id}: {why}" for q in kata.followups if (why := asked_wrong(kata, q))]
+    if choice < MIN_CHOICE or numeric < MIN_NUMERIC:
+        wrong.insert(0, f"{choice} choice and {numeric} numeric questions; an interview needs at least "
+                        f"{MIN_CHOICE} and {MIN_NUMERIC}")
+    return not wrong, (f"{len(kinds)} follow-up questions ({choice} choice, {numeric} numeric)" if not wrong else
+                       "follow-ups: " + "; ".join(wrong))
+
+
+def asked_wrong(kata: Kata, q) -> str | None:
+    """How question ``q`` is not asked and graded as written, drawn at a few seeds: None if it is.
+    A choice question's text is literal (braces included) and its answer graded right with its
+    explanation; a numeric one computes its answer (never a stored number), hides it from the
+    text, grades it right, and grades another number and each listed mistake wrong, with the
+    mistake's explanation."""
+    if q.kind == "choice":
+        asked = q.draw(random.Random(0), kata.slug)
+        right, verdict = asked.grade(asked.expected)
+        return None if asked.text == q.question and right and verdict == f"Right. {q.explain}" else \
+            "not asked or graded as written"
+    if isinstance(ast.parse(q.answer, mode="eval").body, ast.Constant):
+        return "its answer is a stored number, not computed from its parameters"
+    for seed in range(4):
+        asked = q.draw(random.Random(seed), kata.slug)
+        expected = asked.expected
+        if "{" in asked.text or str(expected) in asked.text:
+            return f"its text shows a brace or the answer ({asked.params})"
+        if not asked.grade(repr(expected))[0] or asked.grade(repr(expected * 3 + 1))[0]:
+            return f"the answer is not graded right, or another number is ({asked.params})"
+        for mistake, why in q.mistakes:
+            right, verdict = asked.grade(repr(evaluate(mistake, asked.params)))
+            if right or not verdict.startswith(why):
+                return f"the mistake {mistake!r} is not graded wrong with its explanation ({asked.params})"
+    return None
+
+
+def check_tasks(kata: Kata) -> tuple[bool, str]:
+    """Every task has a hint."""
+    bare = [t.title for t in kata.tasks if not t.hints]
+    return not bare, ("every task has a hint" if not bare else f"tasks without a hint: {', '.join(bare)}")
 
 
 def check_hints(kata: Kata) -> tuple[bool, str]:
@@ -176,81 +281,117 @@ def check_hints(kata: Kata) -> tuple[bool, str]:
                           f"checks no hint serves (name them in a hint's `for`): {', '.join(unserved)}")
 
 
-def lint(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Finding]:
-    findings: list[Finding] = []
+def check_plots(kata: Kata) -> tuple[bool, str]:
+    """Every plot the manifest lists has a drawing."""
+    missing = [kind for kind in kata.plots if (kata.slug, kind) not in PLOTS]
+    return not missing, (f"{', '.join(kata.plots) or 'no plot'} to draw" if not missing else
+                         f"plots without a drawing in graders/practice/plots.py: {', '.join(missing)}")
 
-    def add(ok: bool, what: str):
-        findings.append(Finding(kata.slug, ok, what))
+
+def check_diagnoses(kata: Kata) -> tuple[bool, str]:
+    """The manifest's diagnoses are the bug oracles' codes, each explained, plus ``tampering`` where
+    the structure checks find it (the source scan finds it, whatever the code computes: the
+    reference with TAMPERING_PROBE added stands for its oracle)."""
+    documented, oracles = set(kata.diagnoses) - {TAMPERING}, set(Bugs(kata).codes)
+    unexplained = [d.code for d in kata.diagnoses.values() if not (d.explain and d.fix)]
+    ok = documented == oracles and not unexplained
+    return ok, (f"{len(oracles)} diagnoses, each with a bug oracle and an explanation" if ok else
+                f"diagnoses without an oracle: {sorted(documented - oracles) or 'none'}; "
+                f"oracles without [diagnoses] entry: {sorted(oracles - documented) or 'none'}"
+                + (f"; without explain or fix: {', '.join(unexplained)}" if unexplained else ""))
+
+
+def check_kata_table(kata: Kata) -> tuple[bool, str]:
+    """The kit's README lists the kata in its table of katas, at its order."""
+    listed = [line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+              if line.startswith(f"| {kata.order} | `{kata.slug}` |")]
+    if listed and MARKER in listed[0]:
+        return False, f"its row in the README's table of katas still says `{MARKER}`: say what the learner writes"
+    return bool(listed), ("the README's table of katas lists it" if listed else
+                          f"the README's table of katas lacks its row, e.g. `{kata_row(kata)}`")
+
+
+def kata_row(kata: Kata) -> str:
+    """The kata's row in the README's table of katas."""
+    return f"| {kata.order} | `{kata.slug}` | {FRAMEWORK_NAMES[kata.framework]} | {kata.summary or kata.title} |"
+
+
+FRAMEWORK_NAMES = {"numpy": "NumPy", "torch": "PyTorch", "python": "Python"}
+
+
+def check_leaks(kata: Kata) -> tuple[bool, str]:
+    """No function body of the reference is in what the learner is given: the stub and the grader
+    (a student bundle ships the public grader)."""
+    found = leaks({shown(kata.files[role]): kata.files[role].read_text(encoding="utf-8") for role in ("stub", "grader")},
+                  among=[kata])
+    return not found, ("the stub and the grader hold no reference code" if not found else "; ".join(found))
+
+
+def check_scan(kata: Kata) -> tuple[bool, str]:
+    """Where the kata judges structure (it declares ``tampering``), the static scan passes the
+    reference, the stub and every style-zoo file but those named for ``tampering`` or
+    ``banned-api`` (a banned import is named by its own check first)."""
+    if TAMPERING not in kata.diagnoses:
+        return True, "no structure checks, no static scan"
+    paths = [kata.files["reference"], kata.files["stub"],
+             *(p for p in zoo(kata) if zoo_code(p) not in (TAMPERING, "banned-api"))]
+    refused = [f"{p.name}: {', '.join(found)}" for p in paths
+               if (found := tampering(p.read_text(encoding="utf-8"), kata.framework))]
+    return not refused, (f"the static scan passes the reference, the stub and {len(paths) - 2} zoo files"
+                         if not refused else "the static scan refuses " + "; ".join(refused))
+
+
+def check_api_rule(kata: Kata) -> tuple[bool, str]:
+    findings = check_api(kata)
+    return all(f.ok for f in findings), "; ".join(f.what for f in findings)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    text: str        # what it asks of the kata, for docs/authoring.md and `kata lint --help`
+    check: object    # kata -> (ok, what)
+
+
+# The rules read from a kata's files, in the order `kata lint` applies them: each later one may
+# assume the files exist.
+RULES = (
+    Rule("files", "every file of the kata is in its place (Kata.files)", check_files),
+    Rule("markers", f"no `{MARKER}` marker is left", check_markers),
+    Rule("api", "stub and reference define the same names, signatures and docstrings", check_api_rule),
+    Rule("graders", f"the graders' checks are [checks], {MIN_HIDDEN} to {MAX_HIDDEN} of them hidden", check_graders),
+    Rule("tasks", "every task has a hint", check_tasks),
+    Rule("hints", "every check has a hint that serves it", check_hints),
+    Rule("followups", f"at least {MIN_CHOICE} choice and {MIN_NUMERIC} numeric follow-up questions, each asked and "
+                      "graded as written: a numeric answer computed from its parameters, each listed mistake graded "
+                      "wrong with its explanation", check_followups),
+    Rule("diagnoses", "the diagnoses are the bug oracles' codes (and `tampering`), each explained", check_diagnoses),
+    Rule("checks-table", "the kata's README lists every check with its points, hidden ones marked",
+         check_checks_table),
+    Rule("citations", "its files cite only what ships with it", check_citations),
+    Rule("learner-words", "what a learner reads has no words of the kit's own making", check_learner_words),
+    Rule("plots", "every plot the manifest lists has a drawing (tests/test_plot.py draws each from the reference)",
+         check_plots),
+    Rule("zoo", f"at least {MIN_IDIOMS} correct solutions in the style zoo; each zoo bug named for a diagnosis",
+         check_zoo),
+    Rule("leaks", "no function body of the reference is in the stub or the grader", check_leaks),
+    Rule("scan", "where the kata judges structure, the static scan passes the reference, the stub and the zoo's "
+                 "files (but its `tampering` and `banned-api` bugs)", check_scan),
+    Rule("kata-table", "the kit's README lists the kata in its table of katas", check_kata_table),
+)
+
+
+def static(kata: Kata, progress=lambda finding: None) -> list[Finding]:
+    """Every rule of RULES, in order; a kata with files missing stops after the first."""
+    findings = []
+    for rule in RULES:
+        ok, what = rule.check(kata)
+        findings.append(Finding(kata.slug, ok, f"{rule.name}: {what}"))
         progress(findings[-1])
-
-    for path in (kata.readme_path, kata.stub_path, kata.reference_path, kata.grader_path,
-                 kata.reference_path.with_name(f"{kata.module}_bugs.py")):
-        if not path.exists():
-            add(False, f"missing file {path}")
-    if findings:
-        return findings
-    for finding in check_api(kata):
-        findings.append(finding)
-        progress(finding)
-    bare = [t.title for t in kata.tasks if not t.hints]
-    add(not bare, "every task has a hint" if not bare else f"tasks without a hint: {', '.join(bare)}")
-    add(*check_hints(kata))
-    ok, what = check_followups(kata)
-    add(ok, what)
-    add(*check_citations(kata))
-    add(*check_learner_words(kata))
-    add(*check_checks_table(kata))
-    if kata.plots:
-        missing = [kind for kind in kata.plots if (kata.slug, kind) not in PLOTS]
-        add(not missing, f"plots {', '.join(kata.plots)} can be drawn" if not missing else
-            f"plots without a drawing in graders/practice/plots.py: {', '.join(missing)}")
-
-    bugs = Bugs(kata)
-    # tampering is found in the source by the trusted scan, whatever the code computes: no bug
-    # oracle stands for it; the reference with TAMPERING_PROBE added does, below.
-    documented, oracles = set(kata.diagnoses) - {TAMPERING}, set(bugs.codes)
-    add(documented == oracles,
-        f"{len(oracles)} diagnoses, each with a bug oracle and an explanation" if documented == oracles else
-        f"diagnoses without an oracle: {sorted(documented - oracles) or 'none'}; "
-        f"oracles without [diagnoses] entry: {sorted(oracles - documented) or 'none'}")
-
-    with tempfile.TemporaryDirectory(prefix="kata-lint-") as tmp:
-        def run(source: str) -> dict:
-            path = Path(tmp) / kata.learner_file
-            path.write_text(source, encoding="utf-8")
-            return grade(kata, path, seed=seed, device="cpu")
-
-        result = run(kata.reference_path.read_text(encoding="utf-8"))
-        # Skipped checks (@cuda without a GPU) do not count: the result's max_score leaves them out.
-        full = result["status"] == "passed" and result["score"] == result["max_score"]
-        skipped = sum(c["status"] == "skipped" for c in result["checks"])
-        note = f" ({skipped} CUDA check(s) skipped: no GPU)" if skipped else ""
-        add(full, f"reference passes with full score {result['score']:g}/{result['max_score']:g}{note}" if full else
-            f"reference scores {result['score']:g}/{result['max_score']:g} ({result['status']}): "
-            + "; ".join(f"{c['id']}: {c['message'].splitlines()[0]}" for c in result["checks"] if c["status"] != "passed"))
-
-        result = grade(kata, kata.stub_path, seed=seed, device="cpu")
-        add(result["status"] == "not-started", f"stub is {result['status']}")
-
-        for name in bugs.names:
-            result = run(bugs.shim(name))
-            code = code_of(name)
-            caught = result["status"] == "failed" and code in result["diagnoses"]
-            others = [d for d in result["diagnoses"] if d != code]
-            # Another code's explanation given for this one mistake would be a wrong diagnosis
-            # (tampering excepted: the shim that loads an oracle is found in the source).
-            wrong = [d for d in others if d != TAMPERING]
-            add(caught and not wrong,
-                f"bug oracle {name}: {result['status']} {result['score']:g}/{result['max_score']:g}, "
-                f"diagnosed {code}" + (f" (also {', '.join(others)})" if others else "") if caught and not wrong else
-                f"bug oracle {name}: {result['status']}, diagnosed {', '.join(result['diagnoses']) or 'nothing'}"
-                + (f": {', '.join(wrong)} explain another mistake than {code}" if caught else ""))
-
-        result = run(kata.reference_path.read_text(encoding="utf-8") + TAMPERING_PROBE)
-        caught = [c["id"] for c in result["checks"] if c["diagnosis"] == TAMPERING]
-        declared = TAMPERING in kata.diagnoses
-        add(bool(caught) == declared, f"reference with `{TAMPERING_PROBE.strip()}` added: "
-            + (f"{TAMPERING} diagnosed by {', '.join(caught)}" if caught else f"no {TAMPERING} diagnosis")
-            + ("" if bool(caught) == declared else
-               f", but kata.toml {'declares' if declared else 'does not declare'} [diagnoses.{TAMPERING}]"))
+        if rule.name == "files" and not ok:
+            break
     return findings
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)

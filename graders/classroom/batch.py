@@ -163,8 +163,7 @@ def _digest(paths) -> str:
 def kit_fingerprint(kata: Kata) -> str:
     """Changes whenever anything that decides this kata's grade changes: its manifest, grader,
     reference and oracles, or the engine. A run re-grades pairs graded by another kit."""
-    files = [kata.dir / "kata.toml", *grader_files(kata), kata.reference_path,
-             *(kata.reference_path.with_name(f"{kata.module}_{part}.py") for part in ("bugs", "expected")),
+    files = [*(kata.files[role] for role in ("manifest", "grader", "hidden", "reference", "bugs", "expected")),
              *(ROOT / "graders" / "engine").glob("*.py")]
     return _digest(p for p in files if p.is_file())
 

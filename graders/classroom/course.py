@@ -25,7 +25,7 @@ import warnings
 from pathlib import Path
 
 from ..engine.manifest import Kata
-from ..engine.plugin import check_names, hidden_grader
+from ..engine.plugin import check_names
 from ..engine.untrusted import TooLarge
 from ..practice.notebook import cell, document, marker, solution_source
 from . import rules
@@ -64,7 +64,7 @@ def solution_cell_source(kata: Kata) -> str:
 
 def course_notebook(kata: Kata) -> dict:
     """The nbgrader source notebook of ``kata``."""
-    hidden = check_names(hidden_grader(kata)) if hidden_grader(kata).exists() else {}
+    hidden = check_names(kata.files["hidden"]) if kata.files["hidden"].exists() else {}
     names = {**check_names(kata.grader_path), **hidden}
     cells = [cell("markdown", f"{kata.slug}-task", kata.readme_path.read_text(encoding="utf-8")),
              cell("code", solution_id(kata), solution_cell_source(kata), _nbgrader(solution_id(kata), solution=True))]

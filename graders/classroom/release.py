@@ -16,8 +16,9 @@ from pathlib import Path
 
 from ..engine.bundle import NO_REFERENCE, bundle_info
 from ..engine.manifest import ROOT, Kata
+from ..engine.manifest import katas as all_katas
 from ..engine.oracles import Bugs
-from ..engine.plugin import check_names, hidden_grader
+from ..engine.plugin import check_names
 from ..engine.recording import Store
 from ..engine.runner import grade
 from ..engine.sandbox import Zygote
@@ -32,7 +33,7 @@ class ReleaseError(Exception):
 
 def hidden_checks(kata: Kata) -> dict[str, str]:
     """{check id: name} of the kata's hidden checks."""
-    path = hidden_grader(kata)
+    path = kata.files["hidden"]
     return check_names(path) if path.exists() else {}
 
 
@@ -77,10 +78,15 @@ def build(out: Path, katas: list[Kata], *, seed: int, progress=lambda text: None
         raise ReleaseError(f"the bundle in {out} holds answer code: {', '.join(leaks)}")
 
 
+ANSWERS = ("reference", "bugs", "expected", "hidden")   # the roles of a kata's files that hold answers
+
+
 def answers_in(root: Path) -> list[str]:
-    """Paths under ``root`` that a bundle must not hold: reference/, bug oracles, hidden checks."""
+    """Paths under ``root`` that a bundle must not hold: the reference package, and any kata's
+    answers (its reference, bug oracles, expected values, hidden checks) where the kit keeps them."""
+    answers = {kata.files[role].relative_to(ROOT) for kata in all_katas() for role in ANSWERS}
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")
-                  if p.name == "reference" or p.name.endswith(("_bugs.py", "_hidden.py")))
+                  if p.name == "reference" or p.relative_to(root) in answers)
 
 
 def _copy_kit(out: Path, katas: list[Kata]):
@@ -98,7 +104,9 @@ def _copy_kit(out: Path, katas: list[Kata]):
         shutil.copy2(ROOT / "katas" / "__init__.py", out / "katas" / "__init__.py")
     for kata in katas:
         shutil.copy2(kata.grader_path, out / "graders" / kata.grader_path.name)
-        shutil.copytree(kata.dir, out / "katas" / kata.dir.name, ignore=skip)
+        # The kata's folder but its record of `kata lint --deep`, which is about the kit's own tests.
+        shutil.copytree(kata.dir, out / "katas" / kata.dir.name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", kata.files["record"].name))
 
 
 def kit_packages() -> list[str]:
@@ -107,8 +115,8 @@ def kit_packages() -> list[str]:
 
 
 def student_readme(katas: list[Kata], seed: int) -> str:
-    """The bundle's README: what a student does with it (the kit's own README is the
-    instructor's and the author's too)."""
+    """The bundle's README: what a student does with it (the kit's own README and docs/
+    are the instructor's and the author's too)."""
     rows = "\n".join(f"| `{k.slug}` | {k.title} | `{k.learner_file}` |" for k in katas)
     first = katas[0]
     python = metadata.metadata("attention-katas")["Requires-Python"]

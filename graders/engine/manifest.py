@@ -91,26 +91,50 @@ class Kata:
     builds_on: dict = field(default_factory=dict)
     diagnoses: dict = field(default_factory=dict)
     followups: tuple[questions.Question, ...] = ()
+    paths: dict = field(default_factory=dict)   # files out of their usual place, by role (see ``files``)
 
     @property
     def module(self) -> str:
         return self.slug.replace("-", "_")
 
     @property
+    def files(self) -> dict[str, Path]:
+        """Where each of the kata's files lies, by role: the one place a kata's paths are made.
+
+        In ``katas/<slug>/``, what a learner is given: ``manifest``, ``readme``, ``stub``, and
+        ``record`` (what `kata lint --deep` proved of the kata). In ``reference/``, the answers:
+        ``reference``, ``bugs`` (its bug oracles), ``expected`` (expected values a grader writes
+        out by hand; optional). In ``graders/``, the checks: ``grader`` and ``hidden``. In
+        ``tests/``, the kata's own tests (``tests``) and its style ``zoo`` (a folder). A student
+        bundle holds only the learner's files and the grader. ``paths`` moves any of them."""
+        m = self.module
+        return {"manifest": self.dir / "kata.toml", "readme": self.dir / self.readme_file,
+                "stub": self.dir / self.stub_file, "record": self.dir / "lint.json",
+                "reference": ROOT / "reference" / f"{m}.py", "bugs": ROOT / "reference" / f"{m}_bugs.py",
+                "expected": ROOT / "reference" / f"{m}_expected.py",
+                "grader": ROOT / "graders" / f"{m}.py", "hidden": ROOT / "graders" / f"{m}_hidden.py",
+                "tests": ROOT / "tests" / f"test_kata_{m}.py", "zoo": ROOT / "tests" / "zoo" / self.slug,
+                **self.paths}
+
+    def module_of(self, role: str) -> str:
+        """The dotted module name of one of the kata's Python files (``reference.mha_bugs``)."""
+        return ".".join(self.files[role].relative_to(ROOT).with_suffix("").parts)
+
+    @property
     def stub_path(self) -> Path:
-        return self.dir / self.stub_file
+        return self.files["stub"]
 
     @property
     def readme_path(self) -> Path:
-        return self.dir / self.readme_file
+        return self.files["readme"]
 
     @property
     def grader_path(self) -> Path:
-        return ROOT / "graders" / f"{self.module}.py"
+        return self.files["grader"]
 
     @property
     def reference_path(self) -> Path:
-        return ROOT / "reference" / f"{self.module}.py"
+        return self.files["reference"]
 
     @property
     def hints(self) -> list[Hint]:

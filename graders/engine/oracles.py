@@ -39,11 +39,11 @@ class Bugs:
             self.expected = Oracle(self.book, "expected", None)
             self.impls = {name: Oracle(self.book, name, None) for name in codes}
             return
-        module = importlib.import_module(f"reference.{kata.module}")
-        self.module = importlib.import_module(f"reference.{kata.module}_bugs")
+        module = importlib.import_module(kata.module_of("reference"))
+        self.module = importlib.import_module(kata.module_of("bugs"))
         public = {k: v for k, v in vars(module).items() if not k.startswith("_")}
         self.reference = Oracle(self.book, "reference", module)
-        expected = f"reference.{kata.module}_expected"
+        expected = kata.module_of("expected")
         self.expected = Oracle(self.book, "expected", importlib.import_module(expected)
                                if importlib.util.find_spec(expected) else SimpleNamespace())
         self.overrides = {name: overrides for code, variants in self.module.BUGS.items()

@@ -1,13 +1,16 @@
 """The pytest plugin that connects a kata's grader to one learner file.
 
-Fixtures for graders: ``learner`` (the adapter), ``rng`` (a NumPy generator seeded from the run's
-seed and the check's id, so ``--seed`` replays any check alone), ``kata`` (the manifest), ``bugs``
-(the bug oracles), ``device`` ("cpu" or "cuda"). A check is a ``test_*`` function; its id is the
-name without ``test_``, with ``-`` for ``_``; its name is the first line of its docstring.
-``@pytest.mark.cuda`` checks are skipped, saying why, unless the run's device is CUDA.
+Fixtures for graders: ``learner`` (the adapter), ``case_rng`` (a NumPy generator seeded from the
+check's id alone: the structure of its cases, the same at every seed), ``rng`` (the values, seeded
+from the run's seed and the check's id, so ``--seed`` replays any check alone; see draws.py),
+``kata`` (the manifest), ``bugs`` (the bug oracles), ``device`` ("cpu" or "cuda"). A check is a
+``test_*`` function; its id is the name without ``test_``, with ``-`` for ``_``; its name is the
+first line of its docstring. ``@pytest.mark.cuda`` checks are skipped, saying why, unless the
+run's device is CUDA.
 
-Hidden checks live in ``graders/<module>_hidden.py`` (a separate file, so a student bundle leaves
-them out whole); their ``rng`` is seeded from the run's ``hidden_seed``, fresh for each grading.
+Hidden checks live in the kata's ``hidden`` grader file (a separate file, so a student bundle
+leaves them out whole); their ``rng`` is seeded from the run's ``hidden_seed``, fresh for each
+grading.
 In a bundle (``release`` given) the hidden checks and the checks it recorded no values for are
 reported as skipped, and the ``bugs`` fixture replays recorded oracle values.
 
@@ -18,13 +21,12 @@ from __future__ import annotations
 
 import ast
 import traceback
-import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from . import expect
+from .draws import case_generator, value_generator
 from .failures import CheckFailed
 from .learner import Learner
 from .manifest import Kata
@@ -33,17 +35,10 @@ from .oracles import Bugs
 RUN = pytest.StashKey["GradingPlugin"]()
 
 
-HIDDEN_SUFFIX = "_hidden.py"
-
-
-def hidden_grader(kata: Kata) -> Path:
-    """Where the kata's hidden checks live (a student bundle has no such file)."""
-    return kata.grader_path.with_name(kata.module + HIDDEN_SUFFIX)
-
-
 def grader_files(kata: Kata) -> list[Path]:
-    hidden = hidden_grader(kata)
-    return [kata.grader_path] + ([hidden] if hidden.is_file() else [])
+    """The grader, and the hidden checks' file where there is one (a student bundle has none)."""
+    hidden = kata.files["hidden"]
+    return [kata.files["grader"]] + ([hidden] if hidden.is_file() else [])
 
 
 def check_names(path: Path) -> dict[str, str]:
@@ -84,7 +79,7 @@ def check_entry(cid: str, name: str, *, status: str, points: float, message: str
 
 
 def is_hidden(item) -> bool:
-    return item.path.name.endswith(HIDDEN_SUFFIX)
+    return item.path == item.config.stash[RUN].kata.files["hidden"]
 
 
 @pytest.fixture(scope="session")
@@ -95,8 +90,12 @@ def learner(request):
 @pytest.fixture
 def rng(request):
     run = request.config.stash[RUN]
-    seed = run.hidden_seed if is_hidden(request.node) else run.seed
-    return np.random.default_rng([seed, zlib.crc32(check_id(request.node).encode())])
+    return value_generator(run.hidden_seed if is_hidden(request.node) else run.seed, check_id(request.node))
+
+
+@pytest.fixture
+def case_rng(request):
+    return case_generator(check_id(request.node))
 
 
 @pytest.fixture(scope="session")

@@ -51,6 +51,21 @@ def resolve_device(kata: Kata, device: str) -> str:
     return "cpu"
 
 
+def _may_use_cuda(kata: Kata, device: str) -> bool:
+    return kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
+
+
+def zygote_for(katas: list[Kata], device: str) -> Zygote:
+    """A zygote for self-study gradings of ``katas`` on ``device``: under bwrap where it can be had
+    (else a plain process, see ``sandbox.fallback_note``). One zygote serves every grading of a
+    `kata check` of several katas or of a `kata watch` session, so that each costs a fork, not a
+    Python start and an ``import torch``."""
+    try:
+        return Zygote([k.framework for k in katas], isolated=None, cuda=any(_may_use_cuda(k, device) for k in katas))
+    except SandboxUnusable as exc:
+        raise RunnerError(str(exc)) from None
+
+
 @contextlib.contextmanager
 def sandbox_for(kata: Kata, file: Path, *, device: str, zygote: Zygote | None = None):
     """A started sandbox running ``file`` under ``kata``'s limits, forked from ``zygote`` or from
@@ -60,13 +75,10 @@ def sandbox_for(kata: Kata, file: Path, *, device: str, zygote: Zygote | None = 
     refused = too_large(file)
     if refused is not None:
         raise RunnerError(refused)
-    may_use_cuda = kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
+    may_use_cuda = _may_use_cuda(kata, device)
     own_zygote = zygote is None
     if own_zygote:
-        try:
-            zygote = Zygote([kata.framework], isolated=None, cuda=may_use_cuda)
-        except SandboxUnusable as exc:
-            raise RunnerError(str(exc)) from None
+        zygote = zygote_for([kata], device)
     try:
         sandbox = Sandbox(file, zygote=zygote, framework=kata.framework, module_name=kata.module,
                           timeout_s=kata.timeout_s, import_timeout_s=kata.import_timeout_s,
@@ -85,9 +97,9 @@ def sandbox_for(kata: Kata, file: Path, *, device: str, zygote: Zygote | None = 
 def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "auto",
           zygote: Zygote | None = None, hidden_seed: int | None = None, record: Store | None = None,
           trace=None) -> dict:
-    """Grade ``file`` against ``kata``; always returns a complete result (see DESIGN.md).
+    """Grade ``file`` against ``kata``; always returns a complete result (see docs/security.md).
 
-    Hidden checks draw their inputs from ``hidden_seed`` (fresh when None: a class's grading run).
+    Hidden checks draw their values from ``hidden_seed`` (fresh when None: a class's grading run).
     ``record`` keeps every oracle value the graders use (how `kata release` records a bundle). In a
     student bundle the public checks replay its recordings and the hidden checks are skipped.
     ``trace`` (a hashlib object) takes every value the learner's code answers with.
@@ -98,12 +110,13 @@ def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "aut
 
 
 def grade_seeds(kata: Kata, file: Path, seeds: list[int], *, device: str = "auto",
-                zygote: Zygote | None = None) -> list[dict]:
+                zygote: Zygote | None = None, sandbox=None, plugins=()) -> list[dict]:
     """``grade(kata, file, seed=s, hidden_seed=s)`` for each ``s`` of ``seeds``, in one pytest
     session: each seed runs every check in a sandbox of its own, as its own grading would, while
     pytest starts and collects the grader once (with the sandboxes' forks overlapped, a sixth of a
-    grading's time, a quarter of a small one's)."""
-    return _grade(kata, Path(file), [(seed, seed) for seed in seeds], device=device, zygote=zygote)
+    grading's time, a quarter of a small one's). ``sandbox`` and ``plugins``: see ``_grade``."""
+    return _grade(kata, Path(file), [(seed, seed) for seed in seeds], device=device, zygote=zygote,
+                  sandbox=sandbox, plugins=plugins)
 
 
 class Grading:
@@ -137,9 +150,11 @@ class Grading:
 
 
 def _grade(kata: Kata, file: Path, seeds: list[tuple[int, int | None]], *, device: str, zygote: Zygote | None,
-           record: Store | None = None, trace=None) -> list[dict]:
-    """Grade ``file`` at each (seed, hidden_seed) of ``seeds`` in one pytest session."""
-    sandbox = lambda: sandbox_for(kata, file, device=device, zygote=zygote)
+           record: Store | None = None, trace=None, sandbox=None, plugins=()) -> list[dict]:
+    """Grade ``file`` at each (seed, hidden_seed) of ``seeds`` in one pytest session. ``sandbox``
+    makes each grading's sandbox (a context manager), ``sandbox_for``'s by default; ``plugins``
+    join the session beside the grading plugin."""
+    sandbox = sandbox or (lambda: sandbox_for(kata, file, device=device, zygote=zygote))
     recorded = bundle.recording(kata)
     if recorded is not None:
         info, store = recorded
@@ -154,7 +169,7 @@ def _grade(kata: Kata, file: Path, seeds: list[tuple[int, int | None]], *, devic
     try:
         gradings[0].start()
         resolved = resolve_device(kata, device)
-        _run_pytest(kata, gradings, device=resolved, release=info, trace=trace)
+        _run_pytest(kata, gradings, plugins, device=resolved, release=info, trace=trace)
     finally:
         for grading in gradings:
             grading.close()
@@ -210,7 +225,7 @@ def _status(checks: list[dict], load_failed: bool) -> str:
     return "failed"
 
 
-def _run_pytest(kata: Kata, gradings: list[Grading], **run) -> None:
+def _run_pytest(kata: Kata, gradings: list[Grading], plugins=(), **run) -> None:
     """Run the kata's grader once, its checks once per grading (see GradingPlugin); each grading's
     reports are left in its ``reports``."""
     import pytest
@@ -229,7 +244,7 @@ def _run_pytest(kata: Kata, gradings: list[Grading], **run) -> None:
                             "-p", "no:unraisableexception", "-p", "no:threadexception",
                             *(arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")),
                             "--noconftest", "-c", os.devnull, "--assert=plain", "--rootdir", str(ROOT / "graders")],
-                           plugins=[plugin, fixtures])
+                           plugins=[plugin, fixtures, *plugins])
     finally:
         os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
         os.environ.update({k: v for k, v in saved.items() if v is not None})
