@@ -876,9 +876,9 @@ def lint(kata_name, seed, deep, mutants, seeds, sample):
     call exactly as the reference did) or a survivor; each kata's grader must kill at least 95 %
     of the mutants that are not equivalent. Survivors are shown with their change.
     """
+    _full_kit("lint")
     from graders.authoring import deep as rules
 
-    _full_kit("lint")
     katas = [_kata(kata_name)] if kata_name else _all_katas()
     seed = new_seed() if seed is None else seed
     if mutants:
@@ -921,9 +921,9 @@ def new_kata(slug, framework):
     row in the README's table of katas. `kata lint SLUG` names every place still marked
     TODO(kata new); docs/authoring.md says what goes there.
     """
+    _full_kit("new")
     from graders.authoring.new import NewKataError, write
 
-    _full_kit("new")
     try:
         written = write(slug, framework)
     except NewKataError as exc:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from graders.authoring.lint import MARKER
-from graders.engine.manifest import ROOT
+from graders.engine.manifest import ROOT, katas
 
 
 @pytest.fixture
@@ -26,29 +26,30 @@ def kit(tmp_path):
 
 
 def test_a_new_kata_is_written_in_place_and_linted_until_its_markers_are_filled(kit):
-    made = kit("new", "softcap")
+    made = kit("new", "new-example")
     assert made.returncode == 0, made.stderr
     written = re.findall(r"wrote (\S+)", made.stdout)
-    assert {"katas/softcap/kata.toml", "katas/softcap/README.md", "katas/softcap/stub.py", "reference/softcap.py",
-            "reference/softcap_bugs.py", "graders/softcap.py", "graders/softcap_hidden.py",
-            "tests/test_kata_softcap.py", "README.md"} <= set(written)
-    assert len([w for w in written if w.startswith("tests/zoo/softcap/")]) == 5
-    assert "| 25 | `softcap` | PyTorch |" in (kit.root / "README.md").read_text()
+    assert {"katas/new-example/kata.toml", "katas/new-example/README.md", "katas/new-example/stub.py",
+            "reference/new_example.py", "reference/new_example_bugs.py", "graders/new_example.py",
+            "graders/new_example_hidden.py", "tests/test_kata_new_example.py", "README.md"} <= set(written)
+    assert len([w for w in written if w.startswith("tests/zoo/new-example/")]) == 5
+    order = max(k.order for k in katas()) + 1
+    assert f"| {order} | `new-example` | PyTorch |" in (kit.root / "README.md").read_text()
 
-    linted = kit("lint", "softcap", "--seed", "1")
+    linted = kit("lint", "new-example", "--seed", "1")
     problems = [line for line in linted.stdout.splitlines() if "✗" in line]
     assert linted.returncode == 1 and len(problems) == 2, linted.stdout
-    assert "markers:" in problems[0] and f"`{MARKER}` marker(s) to fill in: katas/softcap/kata.toml:3" in problems[0]
+    assert f"markers: 38 `{MARKER}` marker(s) to fill in: katas/new-example/kata.toml:3" in problems[0]
     assert "kata-table: its row in the README's table of katas still says" in problems[1]
 
     for path in [kit.root / w for w in written]:
         path.write_text(path.read_text().replace(MARKER, "Written"))
-    linted = kit("lint", "softcap", "--seed", "1")
+    linted = kit("lint", "new-example", "--seed", "1")
     assert linted.returncode == 0, linted.stdout
     assert "oracle example-bug: failed" in linted.stdout and "reference: passed" in linted.stdout
 
-    again = kit("new", "softcap")
-    assert again.returncode == 2 and "softcap exists already: katas/softcap/kata.toml" in again.stderr
+    again = kit("new", "new-example")
+    assert again.returncode == 2 and "new-example exists already: katas/new-example/kata.toml" in again.stderr
 
 
 @pytest.mark.parametrize("slug, says", [("Softcap", "is not a kata slug"), ("soft_cap", "is not a kata slug"),

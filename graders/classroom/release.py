@@ -110,8 +110,9 @@ def _copy_kit(out: Path, katas: list[Kata]):
 
 
 def kit_packages() -> list[str]:
-    """The packages under graders/ (the judge and the features around it), not the kata graders."""
-    return sorted(p.parent.name for p in (ROOT / "graders").glob("*/__init__.py"))
+    """The packages under graders/ a bundle ships (the judge, and what learners and instructors do
+    with it): not the kata graders, nor authoring, whose commands need the reference."""
+    return sorted(p.parent.name for p in (ROOT / "graders").glob("*/__init__.py") if p.parent.name != "authoring")
 
 
 def student_readme(katas: list[Kata], seed: int) -> str:
