@@ -115,7 +115,8 @@ def main():
     if share:
         print(f"\neach kata's share of the full tier (its tests' time over {WORKERS} workers, median):")
         for slug in sorted(share, key=lambda s: -statistics.median(share[s])):
-            print(f"  {slug:20} {statistics.median(share[slug]):6.1f}s {verdict(statistics.median(share[slug]), SHARE_BUDGET_S)}")
+            median = statistics.median(share[slug])
+            print(f"  {slug:20} {median:6.1f}s {verdict(median, SHARE_BUDGET_S)}")
     if ("full", "full") in times and ("one-process", "one-process") in times:
         ratio = statistics.median(times[("one-process", "one-process")]) / statistics.median(times[("full", "full")])
         print(f"ratio: workers make the whole suite {ratio:.1f}x faster than one process")

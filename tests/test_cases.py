@@ -40,8 +40,8 @@ def test_a_check_whose_mask_comes_from_the_values_is_found(tmp_path):
     kata = _planted(tmp_path, "x[[0, 1, 1, 3], [2, 0, 5, 3]] = -np.inf", "x[rng.random(x.shape) < 0.2] = -np.inf")
     said = seed_dependent(kata, list(SEEDS[:4]))
     assert list(said) == ["neg-inf-gets-zero"]
-    assert "argument 1: float64 array of shape (4, 6) against float64 array of shape (4, 6) (where it holds inf, NaN or 0 " \
-           "differ)" in said["neg-inf-gets-zero"]
+    assert "argument 1: float64 array of shape (4, 6) against float64 array of shape (4, 6) " \
+           "(where it holds inf, NaN or 0 differ)" in said["neg-inf-gets-zero"]
 
 
 def test_a_check_that_draws_its_structure_from_rng_is_stopped(tmp_path):

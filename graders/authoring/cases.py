@@ -66,8 +66,8 @@ class InProcessSandbox:
             path = Path(self.folder) / self.file_name
             path.write_bytes(self.source_text)
             # A name of its own: the grader's module may be imported under the kata's.
-            self.loaded, _ = self.worker.handle({"op": "load", "path": str(path), "name": f"_trusted_{self.kata.module}"},
-                                                [])
+            load = {"op": "load", "path": str(path), "name": f"_trusted_{self.kata.module}"}
+            self.loaded, _ = self.worker.handle(load, [])
         return self.loaded
 
     def request(self, header: dict, blobs: list, timeout_s: float | None = None, what: str = "the call"):

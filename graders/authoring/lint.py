@@ -110,7 +110,7 @@ def learner_texts(kata: Kata) -> dict[str, str]:
             for item in value:
                 yield from strings(item)
 
-    manifest = tomllib.loads((kata.dir / "kata.toml").read_text(encoding="utf-8"))
+    manifest = tomllib.loads(kata.files["manifest"].read_text(encoding="utf-8"))
     return {kata.readme_path.name: kata.readme_path.read_text(encoding="utf-8"),
             kata.stub_path.name: kata.stub_path.read_text(encoding="utf-8"),
             "kata.toml": "\n".join(strings(manifest))}
@@ -191,10 +191,11 @@ def check_zoo(kata: Kata) -> tuple[bool, str]:
     correct = [p for p in files if zoo_code(p) is None]
     unknown = [p.name for p in files if zoo_code(p) is not None and zoo_code(p) not in kata.diagnoses]
     ok = len(correct) >= MIN_IDIOMS and not unknown
-    return ok, (f"style zoo: {len(correct)} idioms, {len(files) - len(correct)} bugs" if ok else
-                "style zoo: " + "; ".join(
-                    ([f"{len(correct)} correct idioms, at least {MIN_IDIOMS} wanted"] if len(correct) < MIN_IDIOMS else [])
-                    + ([f"{', '.join(unknown)} named for no diagnosis of the kata"] if unknown else [])))
+    if ok:
+        return ok, f"style zoo: {len(correct)} idioms, {len(files) - len(correct)} bugs"
+    said = [f"{len(correct)} correct idioms, at least {MIN_IDIOMS} wanted"] if len(correct) < MIN_IDIOMS else []
+    said += [f"{', '.join(unknown)} named for no diagnosis of the kata"] if unknown else []
+    return ok, "style zoo: " + "; ".join(said)
 
 
 def public_checks(kata: Kata) -> set[str]:
@@ -322,8 +323,8 @@ FRAMEWORK_NAMES = {"numpy": "NumPy", "torch": "PyTorch", "python": "Python"}
 def check_leaks(kata: Kata) -> tuple[bool, str]:
     """No function body of the reference is in what the learner is given: the stub and the grader
     (a student bundle ships the public grader)."""
-    found = leaks({shown(kata.files[role]): kata.files[role].read_text(encoding="utf-8") for role in ("stub", "grader")},
-                  among=[kata])
+    given = {shown(kata.files[role]): kata.files[role].read_text(encoding="utf-8") for role in ("stub", "grader")}
+    found = leaks(given, among=[kata])
     return not found, ("the stub and the grader hold no reference code" if not found else "; ".join(found))
 
 

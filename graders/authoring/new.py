@@ -21,7 +21,8 @@ TODO = MARKER
 
 # Per framework: the import, the argument's type, how a grader draws x of a shape.
 KINDS = {
-    "torch": {"imports": "import torch", "type": "torch.Tensor", "draw": "torch.from_numpy(rng.standard_normal(shape))"},
+    "torch": {"imports": "import torch", "type": "torch.Tensor",
+              "draw": "torch.from_numpy(rng.standard_normal(shape))"},
     "numpy": {"imports": "import numpy as np", "type": "np.ndarray", "draw": "rng.standard_normal(shape)"},
 }
 

@@ -91,7 +91,7 @@ def _structure(value, blobs):
         return _array_structure(blobs[value.get("ndarray", value.get("npscalar"))])
     if "tensor" in value:
         data = None if value["tensor"] is None else _array_structure(blobs[value["tensor"]])
-        return ["tensor", value.get("dtype"), value.get("shape"), value.get("permute"), value.get("requires_grad"), data]
+        return ["tensor", *(value.get(k) for k in ("dtype", "shape", "permute", "requires_grad")), data]
     return {k: _structure(v, blobs) for k, v in sorted(value.items())}
 
 

@@ -194,9 +194,10 @@ def mismatch(got, expected, *, rtol: float, atol: float) -> str | None:
         rel = np.where(close, 0.0, err / np.abs(e))
     # A NaN expected where a number came back is as wrong as it gets (and nanargmax refuses all-NaN).
     worst = np.unravel_index(np.argmax(np.where(np.isnan(err), np.inf, err)), err.shape)
+    relative = rel[~np.isnan(rel)]   # none where every differing value is NaN against a number
     return (f"{int((~close).sum())} of {g.size} values differ (rtol {rtol:g}, atol {atol:g}); "
-            f"max abs error {err[worst]:.3g} at {_index(worst)} (got {g[worst]:.6g}, expected {e[worst]:.6g}), "
-            f"max rel error {np.nanmax(rel):.3g}")
+            f"max abs error {err[worst]:.3g} at {_index(worst)} (got {g[worst]:.6g}, expected {e[worst]:.6g})"
+            + (f", max rel error {relative.max():.3g}" if relative.size else ""))
 
 
 FLOAT32_INSIDE = "float32-inside"
