@@ -287,7 +287,7 @@ def check(kata_name, file, as_json, device, seed, workspace):
     _containment_note()
     results = []
     try:
-        zygote = zygote_for([kata for kata, _ in jobs], device) if len(jobs) > 1 else None
+        zygote = zygote_for([kata for kata, _ in jobs], device, warm=True) if len(jobs) > 1 else None
     except RunnerError as exc:
         raise EnvironmentProblem(str(exc)) from None
     with zygote or contextlib.nullcontext():
@@ -334,7 +334,7 @@ def watch(kata_name, poll, interval, seed, workspace):
     previous = signal.signal(signal.SIGINT, interrupt)
     try:
         # One zygote for the session: each check after a save costs a fork, not a Python start.
-        with zygote_for(list(katas.values()), "auto") as zygote, \
+        with zygote_for(list(katas.values()), "auto", warm=True) as zygote, \
                 Watcher(katas, poll=poll, interval=interval, say=click.echo) as watcher:
             if not kata_name:   # the started katas: each is checked when it is saved, not all first
                 click.echo(f"Watching {names} (Ctrl-C to stop): each is checked when you save it.")

@@ -55,13 +55,14 @@ def _may_use_cuda(kata: Kata, device: str) -> bool:
     return kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
 
 
-def zygote_for(katas: list[Kata], device: str) -> Zygote:
+def zygote_for(katas: list[Kata], device: str, *, warm: bool = False) -> Zygote:
     """A zygote for self-study gradings of ``katas`` on ``device``: under bwrap where it can be had
     (else a plain process, see ``sandbox.fallback_note``). One zygote serves every grading of a
     `kata check` of several katas or of a `kata watch` session, so that each costs a fork, not a
-    Python start and an ``import torch``."""
+    Python start and an ``import torch``; ``warm`` for such a one (see ``worker.zygote``)."""
     try:
-        return Zygote([k.framework for k in katas], isolated=None, cuda=any(_may_use_cuda(k, device) for k in katas))
+        return Zygote([k.framework for k in katas], isolated=None, cuda=any(_may_use_cuda(k, device) for k in katas),
+                      warm=warm)
     except SandboxUnusable as exc:
         raise RunnerError(str(exc)) from None
 
