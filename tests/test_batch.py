@@ -1,4 +1,5 @@
 """`kata grade` end to end: a generated class graded by the installed command in a subprocess."""
+import contextlib
 import csv
 import json
 import os
@@ -499,8 +500,18 @@ def test_the_policy_for_graded_work(tmp_path):
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
+        with contextlib.suppress(OSError):   # a thread may end between the listing and the reading
+            found += [int(c) for c in (task / "children").read_text().split()]
     return found
+
+
+def _cmdline(pid: int) -> bytes:
+    """A process's command line; empty once it has exited (a child may go between the listing and
+    the reading)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def test_a_grading_process_that_dies_takes_its_pair_to_a_fresh_one(tmp_path):
@@ -512,7 +523,7 @@ def test_a_grading_process_that_dies_takes_its_pair_to_a_fresh_one(tmp_path):
     deadline = time.monotonic() + 60
     pool = []
     while not pool and time.monotonic() < deadline:   # the first pool's grading process
-        pool = [c for c in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        pool = [c for c in _children(proc.pid) if b"spawn_main" in _cmdline(c)]
         time.sleep(0.05)
     assert pool, "no grading process appeared"
     os.kill(pool[0], signal.SIGKILL)
