@@ -364,9 +364,12 @@ def test_ctrl_c_keeps_what_was_graded_and_the_next_run_resumes(tmp_path, forced)
     for i in range(6):
         (subs / f"l{i}").mkdir(parents=True)
         (subs / f"l{i}" / "softmax.py").write_text(slow)
+    # Ctrl-C's default action in the run, as from a shell: a signal this process ignores (a test
+    # runner's worker may) would stay ignored across exec, and the run would never see it.
     proc = subprocess.Popen([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax", "-j", "1",
                              *(["--force"] if forced else [])],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     records = out / ".kata" / "records"
     deadline = time.monotonic() + 120
     while not list(records.glob("*/*.json")) and time.monotonic() < deadline:
