@@ -877,14 +877,14 @@ def lint(kata_name, seed, deep, mutants, seeds, sample):
     of the mutants that are not equivalent. Survivors are shown with their change.
     """
     _full_kit("lint")
-    from graders.authoring import deep as rules
+    from graders.authoring import deep as deep_lint
 
     katas = [_kata(kata_name)] if kata_name else _all_katas()
     seed = new_seed() if seed is None else seed
     if mutants:
         _lint_mutants(katas, list(range(seed, seed + seeds)), sample)
     if deep:
-        click.echo(f"Linting {len(katas)} kata(s) deeply, at {len(rules.SEEDS)} seeds")
+        click.echo(f"Linting {len(katas)} kata(s) deeply, at {len(deep_lint.SEEDS)} seeds")
     else:
         click.echo(f"Linting {len(katas)} kata(s) with seed {seed}")
 
@@ -896,9 +896,9 @@ def lint(kata_name, seed, deep, mutants, seeds, sample):
     try:
         for kata in katas:
             if not deep:
-                findings += rules.check(kata, seed=seed, progress=show)
+                findings += deep_lint.check(kata, seed=seed, progress=show)
                 continue
-            found, record = rules.deep(kata, progress=show)
+            found, record = deep_lint.deep(kata, progress=show)
             findings += found
             click.echo(f"  {kata.slug}: " + (f"recorded in {record.relative_to(ROOT)}: commit it with the kata"
                                             if record else "nothing recorded: fix what is marked ✗ and run it again"))
