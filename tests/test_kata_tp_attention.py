@@ -4,6 +4,7 @@ F.scaled_dot_product_attention, the threads that simulate the ranks against the 
 import time
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import checks_by_id
@@ -161,6 +162,22 @@ def test_an_all_gather_instead_of_the_all_reduce_is_counted(grade_source):
     assert checks["one-all-reduce"]["status"] == "failed" and "all_gather" in checks["one-all-reduce"]["message"]
     assert checks["one-all-reduce"]["diagnosis"] is None
     assert checks["matches-single-process"]["status"] == "passed"
+
+
+def test_communication_the_recorder_cannot_name_is_counted_on_the_loopback(grade_source, zygotes):
+    """A second all-reduce, of q, sent through the process group's own method, which no
+    torch.distributed function wraps: the recorder sees one all_reduce, the kernel's count of
+    the group's loopback sees more. The output stays right (q is summed on a copy)."""
+    if not zygotes("torch").isolated:
+        pytest.skip("the loopback is the group's own only under bubblewrap")
+    source = SOLUTION.replace("        q, k, v = qkv.split(", """\
+        dist.distributed_c10d._get_default_group().allreduce([qkv.clone()]).wait()
+        q, k, v = qkv.split(""")
+    result = grade_source("tp-attention", source)
+    checks = checks_by_id(result)
+    assert checks["matches-single-process"]["status"] == "passed"
+    assert checks["one-all-reduce"]["status"] == "failed"
+    assert "sent more over their connection" in checks["one-all-reduce"]["message"]
 
 
 def test_a_rank_that_keeps_the_full_weights_holds_too_many_parameters(grade_source):
