@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from graders.authoring.deep import GRADED, record_problems, regrade, subjects
+from graders.authoring.deep import GRADED, changed_since, content, record_problems, regrade, subjects
 from graders.authoring.lint import RULES, check_checks_table, check_citations, check_hints, check_learner_words
 from graders.engine.manifest import ROOT, find, katas
 from graders.engine.structure import TAMPERING
@@ -63,6 +63,17 @@ def test_a_kata_changed_since_its_deep_lint_fails_naming_the_command(role, tmp_p
     said = record_problems(changed)
     assert len(said) == 1 and "its content changed since `kata lint --deep softmax` was run" in said[0] \
         and kata.files[role].relative_to(ROOT).as_posix() in said[0] and "commit katas/softmax/lint.json" in said[0]
+
+
+def test_a_file_changed_while_the_deep_lint_ran_keeps_it_from_writing_a_record(tmp_path):
+    """The record vouches for the files as they were graded: `deep` takes their content before
+    grading and writes nothing when it differs after (an author's edit mid-run)."""
+    kata = find("softmax")
+    moved = _moved(kata, tmp_path, "reference", lambda text: text)
+    before = content(moved)
+    assert changed_since(moved, before) == []
+    moved.files["reference"].write_text(moved.files["reference"].read_text() + "\n# edited mid-run\n")
+    assert changed_since(moved, before) == [str(moved.files["reference"])]
 
 
 def _planted(kata, tmp_path, name, **result):

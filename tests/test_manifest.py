@@ -4,7 +4,8 @@ import shutil
 
 import pytest
 
-from graders.engine.manifest import KATAS_DIR, ManifestError, find, katas, parse
+from graders.authoring.lint import check_shared_mistakes
+from graders.engine.manifest import KATAS_DIR, ManifestError, find, katas, mistakes, parse
 
 GOOD = (KATAS_DIR / "softmax" / "kata.toml").read_text()
 
@@ -57,6 +58,49 @@ def test_builds_on_names_earlier_checks(tmp_path):
     with pytest.raises(ManifestError, match=r"builds_on\.matches-reference: 'sums-to-one' must be checks listed "
                                             r"before 'matches-reference' in \[checks\]"):
         parse(manifest(tmp_path, later))
+
+
+GQA = (KATAS_DIR / "gqa" / "kata.toml").read_text()
+
+
+def test_a_shared_mistake_has_the_librarys_code_and_explanation_in_every_kata_that_names_it():
+    library = mistakes()
+    for code, mistake in library.items():
+        named = [k for k in katas() if code in k.diagnoses]
+        assert len(named) >= 2, f"{code} is shared by {[k.slug for k in named]}"
+        for kata in named:
+            assert kata.diagnoses[code].shared and kata.diagnoses[code].explain.startswith(mistake.explain)
+            assert mistake.occurs in kata.features, kata.slug
+
+
+def test_a_shared_code_with_its_own_explanation_or_an_unknown_one_is_refused(tmp_path):
+    own = GQA.replace("[diagnoses.kv-repeat-tiled]\nshared = true\n",
+                      '[diagnoses.kv-repeat-tiled]\nexplain = "my own words"\n')
+    with pytest.raises(ManifestError, match=r"\[diagnoses\.kv-repeat-tiled\] is a mistake several katas share: "
+                                            r"write `shared = true`"):
+        parse(manifest(tmp_path, own, "gqa"))
+    unknown = GQA.replace("[diagnoses.kv-proj-wrong-size]\n", "[diagnoses.kv-proj-wrong-size]\nshared = true\n")
+    with pytest.raises(ManifestError, match=r"shared = true, but mistakes\.toml has no mistake 'kv-proj-wrong-size'"):
+        parse(manifest(tmp_path, unknown, "gqa"))
+    feature = GQA.replace('features = ["gqa"]', 'features = ["grouped"]')
+    with pytest.raises(ManifestError, match=r"features: 'grouped' is no mistake's `occurs`.*known: .*gqa"):
+        parse(manifest(tmp_path, feature, "gqa"))
+    also = GQA.replace("[diagnoses.kv-repeat-tiled]\nshared = true\n",
+                       '[diagnoses.kv-repeat-tiled]\nshared = true\nalso = "Here in a loop."\n')
+    diagnosis = parse(manifest(tmp_path, also, "gqa")).diagnoses["kv-repeat-tiled"]
+    assert diagnosis.explain == mistakes()["kv-repeat-tiled"].explain + " Here in a loop."
+
+
+def test_lint_lists_the_shared_mistakes_that_can_occur_and_fails_on_one_not_named(tmp_path):
+    ok, said = check_shared_mistakes(find("gqa"))
+    assert ok and said == "shared mistakes that can occur: kv-repeat-tiled; named: kv-repeat-tiled"
+    unnamed = parse(manifest(tmp_path, GQA.replace('features = ["gqa"]', 'features = ["gqa", "rope"]'), "gqa"))
+    ok, said = check_shared_mistakes(unnamed)
+    assert not ok and "can occur but not named (a bug oracle and `[diagnoses.CODE] shared = true`): " \
+                      "rope-half-vs-interleaved" in said
+    stray = parse(manifest(tmp_path, GQA.replace('features = ["gqa"]\n', ""), "gqa"))
+    ok, said = check_shared_mistakes(stray)
+    assert not ok and "named but its `occurs` is not among the features: kv-repeat-tiled" in said
 
 
 def test_future_format_is_refused(tmp_path):

@@ -49,12 +49,32 @@ def test_a_broken_question_fails_when_the_manifest_loads():
         parse({**base, "answer": "T * __import__('os').getpid()"}, "#1")
     with pytest.raises(QuestionError, match=r"with \{'T': 1\}: 'U'"):
         parse({**base, "answer": "T", "question": "{U}?"}, "#1")
+    with pytest.raises(QuestionError, match=r"with \{'T': 1\}: 'U'"):   # a mistake's explain is formatted too
+        parse({**base, "answer": "T", "mistakes": [{"answer": "T + 1", "explain": "Not {U}."}]}, "#1")
     with pytest.raises(QuestionError, match="gives the right answer"):
         parse({**base, "answer": "T * 2", "mistakes": [{"answer": "T + T", "explain": "no"}]}, "#1")
     with pytest.raises(QuestionError, match="unknown key 'options'"):
         parse({**base, "answer": "T", "options": ["a", "b"]}, "#1")
     with pytest.raises(QuestionError, match="1-based number"):
         parse({"id": "c", "kind": "choice", "question": "?", "explain": "x", "options": ["a", "b"], "answer": 3}, "#1")
+
+
+PLACEHOLDER = re.compile(r"\{(answer|[A-Za-z_]\w*)(:[^{}]*)?\}")
+
+
+def test_no_verdict_of_any_follow_up_keeps_an_unfilled_placeholder():
+    # Every numeric question of every kata, at every combination of its parameters, answered right,
+    # with each listed mistake and with a number no mistake gives: the text shown has no {B} or {T:,} left.
+    for kata in manifest.katas():
+        for q in kata.followups:
+            if q.kind != "numeric":
+                continue
+            for values in questions._combinations(q.params):
+                asked = questions.Asked(kata.slug, q, values, ())
+                answers = [str(asked.expected), "-12345"] + [repr(questions.evaluate(wrong, values))
+                                                             for wrong, _ in q.mistakes]
+                for text in [asked.text] + [asked.grade(answer)[1] for answer in answers]:
+                    assert not PLACEHOLDER.search(text), (kata.slug, q.id, values, text)
 
 
 def _checks(*rows):

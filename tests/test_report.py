@@ -57,15 +57,50 @@ def test_the_replay_line_names_a_file_that_is_not_the_workspaces(kata_cmd, tmp_p
     assert "Replay exactly this run: kata check softmax --seed 5" in run.stdout
 
 
-def test_a_check_that_fails_with_one_it_builds_on_says_so_once(grade_source):
-    identity = "def softmax(x, axis=-1):\n    return x.copy()\n"
-    alone = {c["id"]: c for c in grade_source("softmax", identity)["checks"]}
-    assert alone["sums-to-one"]["status"] == "failed" and "Same cause" not in alone["sums-to-one"]["message"]
-    result = grade_source("softmax", identity, builds_on={"sums-to-one": ("matches-reference",)})
+WRONG_AXIS = """\
+import numpy as np
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=0, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True)
+"""
+
+
+def test_a_check_that_fails_with_the_diagnosis_of_one_it_builds_on_says_so_once(grade_source):
+    alone = {c["id"]: c for c in grade_source("softmax", WRONG_AXIS)["checks"]}
+    assert alone["sums-to-one"]["diagnosis"] == alone["matches-reference"]["diagnosis"] == "softmax-wrong-axis"
+    result = grade_source("softmax", WRONG_AXIS, builds_on={"sums-to-one": ("matches-reference",)})
     checks = {c["id"]: c for c in result["checks"]}
     assert checks["matches-reference"]["message"] == alone["matches-reference"]["message"]
     assert checks["sums-to-one"] == {**alone["sums-to-one"], "diagnosis": None, "same_cause_as": "matches-reference",
                                      "duration_s": checks["sums-to-one"]["duration_s"],
-                                     "message": "Same cause as `matches-reference`, which failed first: fix that, "
-                                                "then check again."}
-    assert result["score"] == grade_source("softmax", identity)["score"]   # the score is the same
+                                     "message": "Same cause as `matches-reference`, which failed first, diagnosed "
+                                                "softmax-wrong-axis: that mistake fails this check too. Fix it, then "
+                                                "check again."}
+    assert result["score"] == grade_source("softmax", WRONG_AXIS)["score"]   # the score is the same
+
+
+def test_a_check_with_a_diagnosis_of_its_own_keeps_it_though_one_it_builds_on_failed(grade_source):
+    """Two mistakes: a global max (stable-for-large-logits) and float64 returned for float32
+    (dtype-preserved). The later check is not charged to the earlier one by order."""
+    source = WRONG_AXIS.replace("    e = np.exp(x - x.max(axis=0, keepdims=True))\n    return e / e.sum(axis=0, keepdims=True)",
+                                "    x = x.astype(np.float64)\n    e = np.exp(x - x.max())\n"
+                                "    return e / e.sum(axis=axis, keepdims=True)")
+    alone = {c["id"]: c for c in grade_source("softmax", source)["checks"]}
+    result = grade_source("softmax", source, builds_on={"dtype-preserved": ("stable-for-large-logits",)})
+    checks = {c["id"]: c for c in result["checks"]}
+    assert checks["stable-for-large-logits"]["diagnosis"] == "softmax-global-max"
+    assert checks["dtype-preserved"]["diagnosis"] == "dtype-not-preserved"
+    assert "same_cause_as" not in checks["dtype-preserved"]
+    assert checks["dtype-preserved"]["message"] == alone["dtype-preserved"]["message"]
+    assert result["diagnoses"] == ["softmax-global-max", "dtype-not-preserved"]
+
+
+def test_a_check_without_a_diagnosis_keeps_its_report_and_says_what_it_builds_on_failed(grade_source):
+    identity = "def softmax(x, axis=-1):\n    return x.copy()\n"
+    alone = {c["id"]: c for c in grade_source("softmax", identity)["checks"]}
+    assert alone["sums-to-one"]["diagnosis"] is None and alone["matches-reference"]["diagnosis"] is None
+    result = grade_source("softmax", identity, builds_on={"sums-to-one": ("matches-reference",)})
+    checks = {c["id"]: c for c in result["checks"]}
+    assert "same_cause_as" not in checks["sums-to-one"]
+    assert checks["sums-to-one"]["message"] == alone["sums-to-one"]["message"] + (
+        "\nalso failed: `matches-reference`, which this check builds on: fixing that first may fix this one too.")

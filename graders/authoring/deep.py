@@ -176,12 +176,11 @@ def read_record(kata: Kata) -> dict | None:
         return None
 
 
-def write_record(kata: Kata, graded: dict[str, list[dict]]) -> Path:
+def write_record(kata: Kata, graded: dict[str, list[dict]], files: dict[str, str]) -> Path:
     """Write the record of a deep lint every rule of which held: ``graded`` holds each subject's
-    summaries, one per seed (all equal by then)."""
+    summaries, one per seed (all equal by then), of the kata's ``files`` as they were graded."""
     import torch
 
-    files = content(kata)
     record = {"format": FORMAT, "kata": kata.slug, "command": command(kata), "fingerprint": fingerprint(files),
               "files": files, "made with": {"python": platform.python_version(), "torch": torch.__version__},
               "subjects": {s.name: {"rule": s.rule, "seeds": list(s.seeds), "result": graded[s.name][0]}
@@ -264,10 +263,22 @@ def check(kata: Kata, *, seed: int, progress=lambda finding: None) -> list[Findi
 def deep(kata: Kata, progress=lambda finding: None) -> tuple[list[Finding], Path | None]:
     """`kata lint --deep`: every rule, the graded ones at their seeds; the record's path if every
     rule held and it was written."""
+    files = content(kata)
     findings, graded = _run(kata, subjects(kata), progress, cases_rule=True)
     if graded is None or not all(f.ok for f in findings):
         return findings, None
-    return findings, write_record(kata, graded)
+    changed = changed_since(kata, files)
+    if changed:   # what was graded is not what the record would vouch for
+        findings.append(Finding(kata.slug, False, f"record: {', '.join(changed)} changed while it ran: run "
+                                                  f"`{command(kata)}` again, with the files left as they are"))
+        progress(findings[-1])
+        return findings, None
+    return findings, write_record(kata, graded, files)
+
+
+def changed_since(kata: Kata, files: dict[str, str]) -> list[str]:
+    """The kata's files whose content is not ``files``' (a ``content`` taken earlier)."""
+    return sorted(dict.fromkeys(path for path, _ in set(files.items()) ^ set(content(kata).items())))
 
 
 def _run(kata: Kata, chosen: list[Subject], progress, *, cases_rule: bool) -> tuple[list[Finding], dict | None]:

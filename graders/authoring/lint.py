@@ -17,7 +17,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine.manifest import ROOT, Kata
+from ..engine.manifest import ROOT, Kata, mistakes
 from ..engine.oracles import Bugs
 from ..engine.questions import evaluate
 from ..engine.structure import TAMPERING, tampering
@@ -263,7 +263,7 @@ def asked_wrong(kata: Kata, q) -> str | None:
             return f"the answer is not graded right, or another number is ({asked.params})"
         for mistake, why in q.mistakes:
             right, verdict = asked.grade(repr(evaluate(mistake, asked.params)))
-            if right or not verdict.startswith(why):
+            if right or not verdict.startswith(why.format(**asked.params, answer=expected)):
                 return f"the mistake {mistake!r} is not graded wrong with its explanation ({asked.params})"
     return None
 
@@ -300,6 +300,19 @@ def check_diagnoses(kata: Kata) -> tuple[bool, str]:
                 f"diagnoses without an oracle: {sorted(documented - oracles) or 'none'}; "
                 f"oracles without [diagnoses] entry: {sorted(oracles - documented) or 'none'}"
                 + (f"; without explain or fix: {', '.join(unexplained)}" if unexplained else ""))
+
+
+def check_shared_mistakes(kata: Kata) -> tuple[bool, str]:
+    """Every mistake of katas/mistakes.toml that can occur in the kata (its ``occurs`` among the
+    manifest's ``features``) is named there with the library's code and explanation, and none is
+    named that cannot occur."""
+    occur = [code for code, mistake in mistakes().items() if mistake.occurs in kata.features]
+    named = [code for code, diagnosis in kata.diagnoses.items() if diagnosis.shared]
+    unnamed, stray = [c for c in occur if c not in named], [c for c in named if c not in occur]
+    said = f"shared mistakes that can occur: {', '.join(occur) or 'none'}; named: {', '.join(named) or 'none'}"
+    return not unnamed and not stray, said + (
+        f"; can occur but not named (a bug oracle and `[diagnoses.CODE] shared = true`): {', '.join(unnamed)}"
+        if unnamed else "") + (f"; named but its `occurs` is not among the features: {', '.join(stray)}" if stray else "")
 
 
 def check_kata_table(kata: Kata) -> tuple[bool, str]:
@@ -367,6 +380,9 @@ RULES = (
                       "graded as written: a numeric answer computed from its parameters, each listed mistake graded "
                       "wrong with its explanation", check_followups),
     Rule("diagnoses", "the diagnoses are the bug oracles' codes (and `tampering`), each explained", check_diagnoses),
+    Rule("shared-mistakes", "every mistake of katas/mistakes.toml that can occur in the kata (its `occurs` among the "
+                            "manifest's features) is named, with the library's code and explanation",
+         check_shared_mistakes),
     Rule("checks-table", "the kata's README lists every check with its points, hidden ones marked",
          check_checks_table),
     Rule("citations", "its files cite only what ships with it", check_citations),

@@ -56,6 +56,8 @@ class LearnerRaised(CheckFailed):
 
 class SandboxFailed(CheckFailed):
     """The check could not judge the code: it timed out, crashed, exhausted memory, or the
-    learner's file could not be loaded."""
+    learner's file could not be loaded. ``forbidden``: it was stopped for starting a thread or a
+    process, which a kata that declares ``tampering`` diagnoses so."""
 
     status = "error"
+    forbidden = False

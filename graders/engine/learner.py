@@ -280,7 +280,9 @@ class Learner:
         try:
             reply, reply_blobs = self._sandbox.request(header, blobs, what=what)
         except SandboxError as exc:
-            raise SandboxFailed(sentence(str(exc)), call=what) from None
+            failed = SandboxFailed(sentence(str(exc)), call=what)
+            failed.forbidden = exc.forbidden
+            raise failed from None
         output = _output(reply)
         self._printed.append(output)
         traced = self._trace is not None and header["op"] in ("call", "getattr")
@@ -407,6 +409,22 @@ class Learner:
 
 
 _COLLECTIVE_FAILED = "/gloo/"   # in the message of every error gloo raises (its source file)
+# A collective that some rank never joins fails after this long. On a rank group's sizes (kilobytes
+# over a loopback) a collective whose ranks all call it completes in milliseconds: seconds of waiting
+# mean a rank is not coming. Computing is timed by the kata's own CPU limit, which joining the group
+# keeps too. Once a group's ranks have left one waiting, its learner's mistake is known, and the
+# group waits less at later collectives: the same mistake in later checks is reported as surely.
+COLLECTIVE_TIMEOUT_S = 3
+KNOWN_WAITING_TIMEOUT_S = 0.5
+
+
+class CollectiveNotJoined(LearnerRaised):
+    """A rank waited in a collective that another rank never called (or called another one in its
+    place), as the ranks' process groups recorded them: ``rank`` is the one that did not join."""
+
+    def __init__(self, message: str, *, rank: int, **fields):
+        super().__init__(message, type_name="RuntimeError", **fields)
+        self.rank = rank
 
 
 class Ranks:
@@ -430,23 +448,32 @@ class Ranks:
         if not self.group.running:
             self.group.start()
             timeout_s = self.group.sandbox.timeout_s
+            waits_s = KNOWN_WAITING_TIMEOUT_S if self.group.left_waiting else COLLECTIVE_TIMEOUT_S
             self._run(lambda rank, learner: learner.kit_function("init_distributed")(
-                rank, self.world, self.group.store, timeout_s))
+                rank, self.world, self.group.store, timeout_s, waits_s))
         return self._run(fn)
 
     def loopback_bytes(self) -> int | None:
         """See RankGroup.loopback_bytes."""
         return self.group.loopback_bytes()
 
+    def collectives(self, after: list[int] | None = None) -> list[dict]:
+        """Each rank's record of the collectives it entered (worker.collectives), after record
+        ``after[rank]``."""
+        return self.each(lambda rank, learner: learner.kit_function("collectives")(
+            -1 if after is None else after[rank]))
+
     def _run(self, fn) -> list:
         results, failures = [None] * self.world, []
+        started = time.monotonic()
 
         def run(rank):
             try:
                 results[rank] = fn(rank, self.learners[rank])
             except Exception as exc:
                 failures.append((time.monotonic(), rank, exc))
-                self.group.stop()
+                if _COLLECTIVE_FAILED not in str(exc):   # a rank left waiting in a collective says who is missing
+                    self.group.stop()
 
         threads = [threading.Thread(target=run, args=(rank,)) for rank in range(self.world)]
         for thread in threads:
@@ -456,8 +483,36 @@ class Ranks:
         if failures:
             # A collective that failed (a peer gone, or one that never joined) is the consequence of
             # another rank's failure when there is one: that failure is raised, else the first in time.
-            raise min(failures, key=lambda f: (_COLLECTIVE_FAILED in str(f[2]), *f[:2]))[2]
+            when, rank, exc = min(failures, key=lambda f: (_COLLECTIVE_FAILED in str(f[2]), *f[:2]))
+            if _COLLECTIVE_FAILED in str(exc) and self.group.running:
+                exc = self._not_joined(rank, when - started, exc)
+                self.group.left_waiting |= isinstance(exc, CollectiveNotJoined)
+            self.group.stop()
+            raise exc
         return results
+
+    def _not_joined(self, waiting: int, waited_s: float, exc: Exception) -> Exception:
+        """Who left rank ``waiting`` alone in its collective, from every rank's own record of the
+        collectives it entered (kept by its process group, read from outside the learner's
+        call): the first rank with no collective at that place in the sequence, or another one
+        there. ``exc`` itself where the records do not tell."""
+        try:
+            records = [record["entered"] for record in self.collectives()]
+        except Exception:   # a rank that cannot answer any more: gloo's own message is all there is
+            return exc
+        if not records[waiting]:
+            return exc
+        at, name, _ = records[waiting][-1]
+        for rank, entered in enumerate(records):
+            there = next((n for i, n, _ in entered if i == at), None)
+            if there == name:
+                continue
+            said = f"called {there} where rank {waiting} called {name}" if there else f"never called {name}"
+            return CollectiveNotJoined(
+                f"Rank {rank} {said} (rank {waiting} waited {waited_s:.1f} s): every rank must call every "
+                "collective, in the same order, or the ranks that do wait for the others forever.",
+                rank=rank, call=getattr(exc, "call", None), output=getattr(exc, "output", ""))
+        return exc
 
 
 def _fingerprint(value) -> bytes:

@@ -15,6 +15,8 @@ Format 1, every key::
     memory_mb = 2048                # optional: the sandbox's memory cap
     minutes = 15                    # optional: time to solve it in a mock interview
     plots = ["heatmaps"]            # optional: what `kata plot` draws from the learner's code
+    features = ["gqa"]              # optional: what the learner writes that a shared mistake
+                                    # (katas/mistakes.toml) can occur in; `kata lint` wants each named
     [files]                         # optional: learner / stub / readme file names
     [tolerances.float32]            # optional: rtol and atol per dtype, and ulps: atol grows by
                                     # ulps * eps(dtype) * the input's magnitude (see tolerance)
@@ -24,7 +26,9 @@ Format 1, every key::
     [checks]                        # check id = points; ids are the grader's test names
     [builds_on]                     # optional: check id = [earlier check ids whose failure it
                                     # follows from]: reported as "same cause as", once
-    [diagnoses.<code>]              # explain and fix: what the learner reads
+    [diagnoses.<code>]              # explain and fix: what the learner reads; or, for a mistake
+                                    # of katas/mistakes.toml, shared = true, the library's texts, and
+                                    # optionally this kata's own fix and a sentence `also` explains
     [[followups]]                   # interview follow-ups (questions.py has the format)
 """
 from __future__ import annotations
@@ -66,6 +70,18 @@ class Diagnosis:
     code: str
     explain: str
     fix: str
+    shared: bool = False   # a mistake of katas/mistakes.toml: its explanation is the library's
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A mistake that can be made in several katas (katas/mistakes.toml): one code, one
+    explanation, for every kata that names it; it can occur in a kata whose ``features`` hold
+    ``occurs``."""
+    code: str
+    occurs: str
+    explain: str
+    fix: str
 
 
 @dataclass(frozen=True)
@@ -82,6 +98,7 @@ class Kata:
     memory_mb: int = 2048
     minutes: int = 15
     plots: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
     learner_file: str = ""
     stub_file: str = "stub.py"
     readme_file: str = "README.md"
@@ -163,7 +180,7 @@ class Kata:
 
 
 _TOP = {"format", "slug", "title", "order", "framework", "summary", "banned", "timeout_s",
-        "import_timeout_s", "memory_mb", "minutes", "plots", "files", "tolerances", "tasks", "checks", "builds_on",
+        "import_timeout_s", "memory_mb", "minutes", "plots", "features", "files", "tolerances", "tasks", "checks", "builds_on",
         "diagnoses", "followups"}
 _REQUIRED = ("format", "slug", "title", "order", "framework", "tasks", "checks")
 
@@ -242,10 +259,30 @@ def parse(path: Path) -> Kata:
                         "in [checks].")
         builds_on[check] = earlier
 
+    library = mistakes()
+    features = _strings(path, "features", data["features"]) if data.get("features") else ()
+    unknown = sorted(set(features) - {m.occurs for m in library.values()})
+    if unknown:
+        _fail(path, f"features: {', '.join(map(repr, unknown))} is no mistake's `occurs` in {MISTAKES.name}; known: "
+                    f"{', '.join(sorted({m.occurs for m in library.values()}))}.")
     diagnoses = {}
     for code, entry in data.get("diagnoses", {}).items():
-        _keys(path, f"[diagnoses.{code}]", entry, {"explain", "fix"}, ("explain", "fix"))
-        diagnoses[code] = Diagnosis(code, entry["explain"].strip(), entry["fix"].strip())
+        where = f"[diagnoses.{code}]"
+        if not entry.get("shared"):
+            if code in library:
+                _fail(path, f"{where} is a mistake several katas share: write `shared = true` and leave its "
+                            f"explanation to {MISTAKES.name} (a `fix` of this kata's own and an `also` may follow).")
+            _keys(path, where, entry, {"explain", "fix"}, ("explain", "fix"))
+            diagnoses[code] = Diagnosis(code, entry["explain"].strip(), entry["fix"].strip())
+            continue
+        if code not in library:
+            _fail(path, f"{where}: shared = true, but {MISTAKES.name} has no mistake {code!r}.")
+        _keys(path, where, entry, {"shared", "fix", "also"})
+        if entry["shared"] is not True:
+            _fail(path, f"{where}: shared must be true (or left out).")
+        also = _typed(path, f"{where} also", entry.get("also", ""), str, "a string").strip()
+        fix = _typed(path, f"{where} fix", entry.get("fix", library[code].fix), str, "a string").strip()
+        diagnoses[code] = Diagnosis(code, f"{library[code].explain} {also}".strip(), fix, shared=True)
 
     tasks = []
     if not isinstance(data["tasks"], list) or not data["tasks"]:
@@ -293,6 +330,7 @@ def parse(path: Path) -> Kata:
         memory_mb=_typed(path, "memory_mb", data.get("memory_mb", 2048), int, "an integer"),
         minutes=_typed(path, "minutes", data.get("minutes", 15), int, "an integer"),
         plots=_strings(path, "plots", data["plots"]) if data.get("plots") else (),
+        features=features,
         learner_file=files.get("learner", slug.replace("-", "_") + ".py"),
         stub_file=files.get("stub", "stub.py"),
         readme_file=files.get("readme", "README.md"),
@@ -303,6 +341,27 @@ def parse(path: Path) -> Kata:
         diagnoses=diagnoses,
         followups=tuple(followups),
     )
+
+
+MISTAKES = KATAS_DIR / "mistakes.toml"
+
+
+@cache
+def mistakes(path: Path = MISTAKES) -> dict[str, Mistake]:
+    """The mistakes several katas share, by code: ``[<code>]`` tables of ``occurs`` (the feature
+    of a kata that lets it happen), ``explain`` and ``fix``."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        _fail(path, f"not valid TOML: {exc}.")
+    found = {}
+    for code, entry in data.items():
+        if not isinstance(entry, dict):
+            _fail(path, f"{code!r} must be a table [{code}] of occurs, explain and fix.")
+        _keys(path, f"[{code}]", entry, {"occurs", "explain", "fix"}, ("occurs", "explain", "fix"))
+        texts = [_typed(path, f"{code}.{key}", entry[key], str, "a string").strip() for key in ("occurs", "explain", "fix")]
+        found[code] = Mistake(code, *texts)
+    return found
 
 
 @cache

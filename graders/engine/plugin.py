@@ -31,6 +31,7 @@ from .failures import CheckFailed
 from .learner import Learner
 from .manifest import Kata
 from .oracles import Bugs
+from .structure import TAMPERING
 
 RUN = pytest.StashKey["GradingPlugin"]()
 
@@ -203,7 +204,10 @@ class GradingPlugin:
             return entry
         exc = call.excinfo.value if call.excinfo else None
         if isinstance(exc, CheckFailed):
-            entry.update(status=exc.status, message=exc.text(), diagnosis=exc.diagnosis,
+            diagnosis = exc.diagnosis
+            if diagnosis is None and getattr(exc, "forbidden", False) and TAMPERING in self.kata.diagnoses:
+                diagnosis = TAMPERING   # a thread or process started: what tampering names, stopped as it began
+            entry.update(status=exc.status, message=exc.text(), diagnosis=diagnosis,
                          not_started=type(exc).__name__ == "NotStarted")
             printed = exc.output or printed
         else:

@@ -20,7 +20,7 @@ Two kinds, as ``[[followups]]`` entries of ``kata.toml``::
     unit = "bytes"                       # optional
     rel_tol = 0.0                        # optional; 0.01 by default (interview arithmetic)
     explain = "... {answer:,} ..."       # may use the params and {answer}
-    mistakes = [{ answer = "B * H * T**2", explain = "That counts elements, not bytes." }]
+    mistakes = [{ answer = "B * H * T**2", explain = "That counts elements, not bytes." }]   # explain as above
 
 Answers are never stored for numeric questions: the expression is evaluated for the drawn
 parameters by a small evaluator that knows arithmetic and FUNCTIONS and nothing else. The
@@ -183,6 +183,7 @@ class Asked:
             return True, f"Right: {show(expected)}{unit}. {explain}"
         for wrong, why in q.mistakes:
             if close(number, evaluate(wrong, self.params), q.rel_tol):
+                why = why.format(**self.params, answer=expected)   # a mistake's explain names the parameters too
                 return False, f"{why} The answer is {show(expected)}{unit}. {explain}"
         return False, f"You said {show(number)}; the answer is {show(expected)}{unit}. {explain}"
 
@@ -241,6 +242,8 @@ def parse(item: dict, where: str) -> Question:
             expected = asked.expected
             q.question.format(**values)
             q.explain.format(**values, answer=expected)
+            for _, why in q.mistakes:
+                why.format(**values, answer=expected)
             wrongs = [evaluate(wrong, values) for wrong, _ in q.mistakes]
         except (ValueError, KeyError, IndexError) as exc:
             raise QuestionError(f"{where}: with {values}: {exc}.") from None

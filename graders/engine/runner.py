@@ -9,6 +9,7 @@ several seeds in one pytest session, each seed in a sandbox of its own.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import time
@@ -16,8 +17,10 @@ from pathlib import Path
 
 from . import bundle
 from .manifest import ROOT, Kata
+from .oracles import code_of
 from .recording import Book, Store
 from .sandbox import Sandbox, SandboxUnusable, Zygote
+from .structure import TAMPERING
 from .untrusted import too_large
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -178,18 +181,55 @@ def _grade(kata: Kata, file: Path, seeds: list[tuple[int, int | None]], *, devic
 
 
 def _one_cause(kata: Kata, checks: list[dict]) -> list[dict]:
-    """A check that failed where a check it builds on (the manifest's [builds_on]) failed too
-    says so in one line, instead of its own advice, which would name that cause again or a wrong
-    one; it still scores 0."""
+    """A check that failed where a check it builds on (the manifest's [builds_on]) failed with a
+    diagnosis says "same cause" in one line, instead of its own advice, only where that is seen:
+    the later check found the same mistake, or the kata's record shows the mistake's own bug
+    oracles and zoo bugs failing the later check too. Order alone proves nothing (two mistakes can
+    fail the two checks): otherwise the later check keeps its report, and where it names no
+    mistake of its own it adds that the check it builds on failed as well. It scores 0 either way."""
     failed = {c["id"] for c in checks if c["status"] in ("failed", "error") and not c.get("not_started")}
+    mistake = {c["id"]: c["diagnosis"] for c in checks}   # a check's own, or the one its cause has
+    losses = _losses(kata)
     said = []
     for check in checks:
-        cause = next((c for c in kata.builds_on.get(check["id"], ()) if c in failed), None)
-        if cause and check["id"] in failed:
-            check = {**check, "message": f"Same cause as `{cause}`, which failed first: fix that, then check "
-                                         "again.", "diagnosis": None, "same_cause_as": cause}
+        causes = [c for c in kata.builds_on.get(check["id"], ()) if c in failed]
+        if check["id"] in failed and causes:
+            own = check["diagnosis"]
+            same = next((c for c in causes if mistake[c] and (mistake[c] == own or
+                                                              not own and check["id"] in losses.get(mistake[c], ()))),
+                        None)
+            if same:
+                mistake[check["id"]] = mistake[same]
+                check = {**check, "message": f"Same cause as `{same}`, which failed first, diagnosed {mistake[same]}: "
+                                             "that mistake fails this check too. Fix it, then check again.",
+                         "diagnosis": None, "same_cause_as": same}
+            elif not own:
+                check = {**check, "message": f"{check['message']}\nalso failed: `{causes[0]}`, which this check "
+                                             "builds on: fixing that first may fix this one too."}
         said.append(check)
     return said
+
+
+def _losses(kata: Kata) -> dict[str, set[str]]:
+    """{diagnosis code: the checks its bug oracles and zoo bugs lose to it}, from the record `kata
+    lint --deep` keeps beside the manifest (none: nothing is seen). An oracle graded through its
+    shim is refused by the static scan, so the checks it loses to `tampering` say nothing of it."""
+    try:
+        subjects = json.loads(kata.files["record"].read_text(encoding="utf-8"))["subjects"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    losses: dict[str, set[str]] = {}
+    for name, entry in subjects.items():
+        kind, _, which = name.partition(" ")
+        if kind == "oracle":
+            code = code_of(which)
+        elif kind == "zoo" and "__" in which:
+            code = which.rpartition("__")[2]
+        else:
+            continue
+        lost = entry.get("result", {}).get("lost", {})
+        losses.setdefault(code, set()).update(c for c, d in lost.items() if d != TAMPERING or code == TAMPERING)
+    return losses
 
 
 def _result(kata: Kata, file: Path, grading: Grading, device: str, info: dict | None) -> dict:

@@ -56,9 +56,10 @@ SANDBOX_UID_BASE, SANDBOX_UIDS, SANDBOX_BLOCKS = 20000, 64, 625
 class SandboxError(Exception):
     """The worker timed out, died, or broke the protocol; ``kind`` says which."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, *, forbidden: bool = False):
         super().__init__(message)
         self.kind = kind
+        self.forbidden = forbidden   # stopped for starting a thread or a process: what tampering names
 
 
 class TimedOut(SandboxError):
@@ -802,10 +803,10 @@ class Sandbox:
             if self.spawn:
                 return SandboxError("crash", f"your code started a process during {what}, which the sandbox does not "
                                     "allow (no kata needs one, and the memory and time of another process could "
-                                    "not be capped exactly), so the sandbox was stopped.")
+                                    "not be capped exactly), so the sandbox was stopped.", forbidden=True)
             return SandboxError("crash", f"your code started a thread or a process during {what}, which a torch "
                                 "kata's sandbox does not allow (the graders see only the work of your own thread), "
-                                "so the sandbox was stopped.")
+                                "so the sandbox was stopped.", forbidden=True)
         tail = self.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-1:] if self.stderr_tail else []
         if code is None:
             how = "closed its channel to the grader"
@@ -835,6 +836,7 @@ class RankGroup:
         self.lock = threading.Lock()
         self.tmp = None
         self.running = False
+        self.left_waiting = False   # a rank was left waiting in a collective another never called
 
     @property
     def store(self) -> str:

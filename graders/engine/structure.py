@@ -36,6 +36,7 @@ COMMON_MODULES = (
     "__future__",                                 # annotations
     "typing", "dataclasses", "abc", "enum", "numbers",   # annotations, a config class, an interface
     "functools", "itertools", "collections", "collections.abc", "copy",   # reduce, product, deque, deepcopy
+    "heapq", "bisect",                            # a heap or a sorted list of free ids
     "warnings",                                   # a warning about an odd argument
 )
 FRAMEWORK_MODULES = {

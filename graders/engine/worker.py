@@ -548,19 +548,43 @@ def naive_attention(q, k, v, causal=False):
     return scores.softmax(dim=-1) @ v   # (B, H, Tq, hd)
 
 
-def init_distributed(rank, world_size, store, timeout_s):
+def init_distributed(rank, world_size, store, timeout_s, collective_timeout_s):
     """Join this rank's group: torch.distributed's default process group (gloo), met through a
-    file store that every rank of the group can reach. A collective that some rank never joins
-    fails after ``timeout_s`` rather than waiting for the sandbox's wall clock. Gloo binds to the
-    loopback, the only interface of a rank group's own network, rather than look up the host's
-    name."""
+    file store that every rank of the group can reach within ``timeout_s``. A collective that some
+    rank never joins fails after ``collective_timeout_s`` rather than waiting for the sandbox's
+    wall clock. Gloo binds to the loopback, the only interface of a rank group's own network,
+    rather than look up the host's name. The group keeps its own record of the collectives this
+    rank enters (torch's flight recorder), and of the async ones never waited on (its registry of
+    works in flight): what ``collectives`` reads."""
     import datetime
 
+    import torch._C._distributed_c10d as c10d
     import torch.distributed as dist
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    os.environ["TORCH_FR_BUFFER_SIZE"] = str(FLIGHT_RECORDS)   # read when the group is made
+    c10d._set_allow_inflight_collective_as_graph_input(True)   # an async work stays registered until waited on
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=collective_timeout_s))
+
+
+FLIGHT_RECORDS = 64   # the collectives the flight recorder keeps, the latest: more than a forward needs
+
+
+def collectives(after=-1):
+    """What this rank's process group recorded: ``{"entered": [[record id, name, first input's
+    shape], ...], "unwaited": n}``, the collectives entered since record ``after`` (``all_reduce``,
+    ``barrier``, ..., whoever called them: torch.distributed's functions or the group's own
+    methods) and the async ones never waited on so far."""
+    import json
+
+    import torch._C._distributed_c10d as c10d
+
+    trace = json.loads(c10d._dump_fr_trace_json(True, False))
+    entered = [[e["record_id"], e["profiling_name"].rpartition(":")[2], (e["input_sizes"] or [None])[0]]
+               for e in trace.get("entries", []) if e["record_id"] > after]
+    return {"entered": entered, "unwaited": c10d._get_work_registry_size()}
 
 
 def all_reduce(tensor):
@@ -575,7 +599,7 @@ def all_reduce(tensor):
 # Kit functions a request may ask a handle to (the "kit" op), to be called and measured like the
 # learner's own code.
 KIT_FUNCTIONS = {"sdpa_self_attention": sdpa_self_attention, "naive_attention": naive_attention,
-                 "init_distributed": init_distributed, "all_reduce": all_reduce}
+                 "init_distributed": init_distributed, "all_reduce": all_reduce, "collectives": collectives}
 
 
 def _module_info(module):
