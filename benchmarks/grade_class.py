@@ -1,4 +1,4 @@
-"""What grading a class costs: `kata grade` on LEARNERS x 9 katas, per (learner, kata) and in total.
+"""What grading a class costs: `kata grade` on LEARNERS x the katas, per (learner, kata) and in total.
 
 The class is generated: each learner's file for each kata is, in turn, the reference, the stub,
 one of the kata's bug oracles, a file that raises at import, or missing. For the same pairs
@@ -6,7 +6,10 @@ sampled, the script also times the naive way, one fresh `kata check KATA --file 
 pair, so the two costs are measured side by side in one run. A second `kata grade` shows what
 resuming costs when nothing changed.
 
-    python benchmarks/grade_class.py [--learners 50] [-j N] [--naive-sample 9]
+    python benchmarks/grade_class.py [--learners 50] [-j N] [--naive-sample 9] [--katas SLUG,...]
+
+--katas grades those katas only (default: every kata), as `kata grade --katas` does: the tests run
+the script on one kata, the fastest, to see that it runs.
 """
 from __future__ import annotations
 
@@ -27,10 +30,9 @@ KATA = Path(sys.executable).with_name("kata")
 CRASH = "raise RuntimeError('this file fails at import')\n"
 
 
-def make_class(root: Path, learners: int) -> int:
-    """Write the class under ``root``; returns how many files it holds."""
+def make_class(root: Path, learners: int, katas: list[manifest.Kata]) -> int:
+    """Write the class of ``katas`` under ``root``; returns how many files it holds."""
     written = 0
-    katas = manifest.katas()
     for i in range(learners):
         folder = root / f"learner{i:03d}"
         folder.mkdir(parents=True)
@@ -65,17 +67,21 @@ def main():
     parser.add_argument("--learners", type=int, default=50)
     parser.add_argument("-j", "--jobs", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--naive-sample", type=int, default=9, help="pairs timed with one `kata check` each")
+    parser.add_argument("--katas", help="comma-separated slugs (default: every kata)")
     args = parser.parse_args()
-    n_katas = len(manifest.katas())
+    katas = [manifest.find(s) for s in args.katas.split(",")] if args.katas else manifest.katas()
+    n_katas = len(katas)
     pairs = args.learners * n_katas
     with tempfile.TemporaryDirectory() as tmp:
         subs, out = Path(tmp) / "submissions", Path(tmp) / "out"
-        files = make_class(subs, args.learners)
+        files = make_class(subs, args.learners, katas)
         grade = [str(KATA), "grade", str(subs), "--out", str(out), "-j", str(args.jobs)]
+        if args.katas:
+            grade += ["--katas", ",".join(k.slug for k in katas)]
         total = timed(grade)
         resume = timed(grade)
         sample = sorted(p for p in subs.glob("*/*.py"))[: args.naive_sample]
-        by_file = {k.learner_file: k.slug for k in manifest.katas()}
+        by_file = {k.learner_file: k.slug for k in katas}
         naive = sum(timed([str(KATA), "check", by_file[p.name], "--file", str(p), "--seed", "1"])
                     for p in sample) / max(1, len(sample))
         print(f"class: {args.learners} learners x {n_katas} katas = {pairs} pairs ({files} files, "

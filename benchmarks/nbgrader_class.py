@@ -8,7 +8,10 @@ or a bug oracle. Then the class is graded twice, in the same run:
 - the kit's path: `kata nbgrader autograde`, which grades the solution cells in its sandbox and
   writes the scores into the same gradebook.
 
-    python benchmarks/nbgrader_class.py [--learners 20] [-j N]
+    python benchmarks/nbgrader_class.py [--learners 20] [-j N] [--katas SLUG,...]
+
+--katas makes the course of those katas (default: softmax, causal-mask, mha): the tests run the
+script on one kata, the fastest, to see that it runs.
 """
 from __future__ import annotations
 
@@ -48,11 +51,11 @@ def exported(course: Path) -> dict[str, float]:
         return {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(f)}
 
 
-def make_class(course: Path, learners: int):
+def make_class(course: Path, learners: int, katas=KATAS):
     for i in range(learners):
         folder = course / "submitted" / f"learner{i:03d}" / "ps1"
         folder.mkdir(parents=True)
-        for j, slug in enumerate(KATAS):
+        for j, slug in enumerate(katas):
             kata, bugs = find(slug), Bugs(find(slug))
             nb = json.loads((course / "release" / "ps1" / f"{kata.module}.ipynb").read_text())
             cell = next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("solution"))
@@ -67,19 +70,21 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--learners", type=int, default=20)
     parser.add_argument("-j", "--jobs", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--katas", default=",".join(KATAS), help="comma-separated slugs (default: %(default)s)")
     args = parser.parse_args()
-    notebooks = args.learners * len(KATAS)
+    katas = tuple(find(slug).slug for slug in args.katas.split(","))
+    notebooks = args.learners * len(katas)
     with tempfile.TemporaryDirectory() as tmp:
         course = Path(tmp) / "course"
-        run(KATA, "nbgrader", "init", course, "--assignment", "ps1", "--katas", ",".join(KATAS), cwd=tmp)
+        run(KATA, "nbgrader", "init", course, "--assignment", "ps1", "--katas", ",".join(katas), cwd=tmp)
         run(sys.executable, "-m", "nbgrader", "generate_assignment", "ps1", "--force", cwd=course)
-        make_class(course, args.learners)
+        make_class(course, args.learners, katas)
         nbgrader = run(sys.executable, "-m", "nbgrader", "autograde", "ps1", "--force", cwd=course)
         by_nbgrader = exported(course)
         shutil.rmtree(course / "autograded")
         kit = run(KATA, "nbgrader", "autograde", course, "ps1", "-j", str(args.jobs), cwd=course)
         by_kit = exported(course)
-    print(f"class: {args.learners} learners x {len(KATAS)} katas = {notebooks} notebooks; "
+    print(f"class: {args.learners} learners x {len(katas)} katas = {notebooks} notebooks; "
           f"{len(os.sched_getaffinity(0))} CPUs")
     print(f"nbgrader autograde:      {nbgrader:7.1f} s, {nbgrader / notebooks:.3f} s per notebook")
     print(f"kata nbgrader autograde: {kit:7.1f} s, {kit / notebooks:.3f} s per notebook (-j {args.jobs})")

@@ -415,34 +415,44 @@ def test_a_full_disk_stops_with_a_sentence_and_the_same_command_continues(tmp_pa
     def small_files():   # every file this run writes may hold 1 kB: the first record does not fit
         resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
 
-    full = kata_grade(subs, out, preexec_fn=small_files)
+    # softmax alone: the kata does not matter here, and softmax grades in a fraction of a second
+    grade = lambda **options: subprocess.run([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax"],
+                                             capture_output=True, text=True, timeout=600, **options)
+    full = grade(preexec_fn=small_files)
     assert full.returncode == 2, full.stderr
     assert "Could not write to" in full.stderr and "run the same command again" in full.stderr
     assert "Traceback" not in full.stderr
-    again = kata_grade(subs, out)
+    again = grade()
     assert again.returncode == 0, again.stderr
     assert set(grades(out)) == set(CLASS)
 
 
-# Right except where the window is odd: which hidden draws catch it depends on the inputs drawn.
-ODD_WINDOWS = (REFERENCE / "sliding_window.py").read_text().replace(
-    "def sliding_window_mask(Tq: int, Tk: int, window: int, device=None) -> torch.Tensor:",
-    "def sliding_window_mask(Tq: int, Tk: int, window: int, device=None) -> torch.Tensor:\n"
-    "    window += window % 2")
+# Right except for about one input in eight, told by a digit of its last element: which checks catch
+# it depends on the values drawn (rng) and, in the hidden check, on the shape drawn (case_rng), so
+# that inputs drawn afresh give most learners another score. Softmax grades in a fraction of a
+# second: the property is the kit's, whatever the kata.
+SOMETIMES_WRONG = """import numpy as np
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    out = e / e.sum(axis=axis, keepdims=True)
+    last = x.flat[-1]
+    return out * (1 + 1e-3) if np.isfinite(last) and int(abs(last) * 1e6) % 8 == 0 else out
+"""
 
 
 def test_the_same_files_get_the_same_grades_on_every_run_and_from_a_copy_of_out(tmp_path):
     subs, out = tmp_path / "subs", tmp_path / "out"
     for i in range(6):
         (subs / f"l{i}").mkdir(parents=True)
-        (subs / f"l{i}" / "sliding_window.py").write_text(ODD_WINDOWS)
+        (subs / f"l{i}" / "softmax.py").write_text(SOMETIMES_WRONG)
     grade = lambda subs, out, *extra: subprocess.run(
-        [str(KATA), "grade", str(subs), "--out", str(out), "--katas", "sliding-window", *extra],
+        [str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax", *extra],
         capture_output=True, text=True, timeout=600)
     assert grade(subs, out).returncode == 0
     first = (out / "grades.csv").read_bytes()
     scores = {float(r["total"]) for r in grades(out).values()}
-    assert max(scores) < find("sliding-window").max_score   # the bug is caught somewhere
+    assert max(scores) < find("softmax").max_score   # the bug is caught somewhere
     assert grade(subs, out, "--force").returncode == 0
     assert (out / "grades.csv").read_bytes() == first
     # Another machine: a copy of the submissions and of OUT (its class file holds the secret).
@@ -456,7 +466,7 @@ def test_the_same_files_get_the_same_grades_on_every_run_and_from_a_copy_of_out(
     replay = grade(subs, out, "--learners", "l0,l3", "--replay")
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert replay.stdout.count("the same grade as recorded.") == 2
-    record = out / ".kata" / "records" / "l3" / "sliding-window.json"
+    record = out / ".kata" / "records" / "l3" / "softmax.json"
     forged = json.loads(record.read_text())
     forged["result"]["score"] += 1
     record.write_text(json.dumps(forged))

@@ -427,10 +427,12 @@ def handed_in_notebooks(tmp_path: Path, solutions: dict[str, str]) -> dict[str, 
 
 
 def test_a_class_in_every_submission_form_gets_the_same_grades_from_kata_grade_and_gradescope(installed, tmp_path):
-    """Ten learners handing in every form the kit accepts (the expected name, a notebook,
+    """Nine learners handing in every form the kit accepts (the expected name, a notebook,
     a case variant, `-` for `_`, a browser's " (1)" copy, one folder down, two candidates for one
     kata, nothing), right and buggy code; `kata grade` and the Gradescope autograder both give
-    each the total its checks add up to, and say which file they graded."""
+    each the total its checks add up to, and say which file they graded. Each kata's file in
+    each form is some learner's; a class of every file right under the expected names is
+    test_reference_submission_gets_full_marks's submission (and test_batch's alice)."""
     softmax, mask = KATAS
     ref_softmax, ref_mask = softmax.reference_path.read_text(), mask.reference_path.read_text()
     # Query i sees keys 0..i (is_causal=True's alignment): wrong for every rectangular mask, whose
@@ -448,7 +450,6 @@ def test_a_class_in_every_submission_form_gets_the_same_grades_from_kata_grade_a
     both = ("`Softmax.py` and `hw3/softmax.py` could each be your softmax.py, so none was graded: submit one of "
             "them, named softmax.py.")
     CLASS = {   # learner: (files, softmax's score, causal-mask's score, what the feedback says)
-        "ada": ({"softmax.py": ref_softmax, "causal_mask.py": ref_mask}, FULL_S, FULL_M, []),
         "ben": ({"softmax.ipynb": notebooks["softmax.ipynb"], "causal_mask.py": ref_mask}, FULL_S, FULL_M,
                 [renamed.format("softmax.py", "softmax.ipynb")]),
         "cat": ({"Softmax.py": ref_softmax, "Causal_Mask.py": ref_mask}, FULL_S, FULL_M,
@@ -469,7 +470,7 @@ def test_a_class_in_every_submission_form_gets_the_same_grades_from_kata_grade_a
                 ["No softmax.py was submitted.", "No causal_mask.py was submitted."]),
     }
     expected = {name: s + m for name, (_, s, m, _) in CLASS.items()}
-    assert expected == {"ada": 22, "ben": 22, "cat": 22, "dan": 20, "eli": 19, "fox": 22, "gia": 12, "hal": 10,
+    assert expected == {"ben": 22, "cat": 22, "dan": 20, "eli": 19, "fox": 22, "gia": 12, "hal": 10,
                         "ivy": 17, "jay": 0}
     forms = {form for files, *_ in CLASS.values() for form in files}
     assert {"softmax.py", "causal_mask.py", "softmax.ipynb", "Softmax.py", "Softmax.ipynb", "causal-mask.py",
