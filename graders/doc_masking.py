@@ -1,9 +1,13 @@
 """Grader of the doc-masking kata (katas/doc-masking/README.md)."""
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
 from graders.engine import expect
-from graders.engine.failures import LearnerRaised
+from graders.engine.failures import CheckFailed, LearnerRaised
+from graders.engine.learner import describe_value
+from graders.engine.recording import NotRecorded
 from graders.engine.structure import banned_used, check_untampered
 
 H, D, DV = 3, 4, 10   # H != head_dim, and v's width differs from q/k's and from every T used
@@ -53,18 +57,48 @@ def check_mask(got, expected, *, call, case, diagnose, device=None):
                 got=grid(got), expected=grid(expected), diagnose=diagnose)
 
 
-def upstream(learner, bugs, cu_seqlens, tol):
-    """The diagnosis of your document_ids or position_ids on ``cu_seqlens``, or None: masks built on
-    them (as the hints suggest) inherit their mistake, and it is theirs that needs fixing."""
-    for got, compute in ((lambda: learner.document_ids(cu_seqlens), lambda impl: impl.document_ids(cu_seqlens)),
-                         (lambda: learner.position_ids(cu_seqlens), lambda impl: impl.position_ids(cu_seqlens))):
+def wrong_upstream(learner, bugs, cu_seqlens, tol):
+    """(sentence, diagnosis) when your document_ids or position_ids differ from the expected ones on
+    ``cu_seqlens``, else None: masks built on them (as the hints suggest) inherit their mistake, and
+    it is theirs that needs fixing. The diagnosis is their known bug's, or None: never a mask's."""
+    for name, make, expected, compute in (
+            ("document_ids", lambda: learner.document_ids(cu_seqlens), bugs.expected.ids(cu_seqlens),
+             lambda impl: impl.document_ids(cu_seqlens)),
+            ("position_ids", lambda: learner.position_ids(cu_seqlens), bugs.expected.positions(cu_seqlens),
+             lambda impl: impl.position_ids(cu_seqlens))):
         try:
-            code = bugs.match(got(), compute, **tol)
+            got = make()
         except LearnerRaised:
+            continue   # its own check says so; whether the mask used it is not known here
+        if type(got) is torch.Tensor and tuple(got.shape) == tuple(expected.shape) \
+                and torch.equal(got.cpu().long(), expected):
             continue
-        if code is not None:
-            return code
+        shown = got.cpu().long().tolist() if type(got) is torch.Tensor else describe_value(got)
+        return (f"Your {name}(cu_seqlens) is wrong on this row: it gives {shown}, not {expected.tolist()}. "
+                f"A mask built on it inherits its mistake: fix {name} first."), bugs.match(got, compute, **tol)
     return None
+
+
+@contextlib.contextmanager
+def blame_upstream(learner, bugs, cu_seqlens, tol):
+    """A mask or output judged wrong inside is charged to your document_ids or position_ids
+    whenever either is wrong on ``cu_seqlens``, known bug or not: its sentence added, its diagnosis
+    (or none) given instead of a mask bug whose mask happens to be the same."""
+    try:
+        yield
+    except CheckFailed as exc:
+        if type(exc) is not CheckFailed:   # the learner's code raised, or is not started: that stands
+            raise
+        try:
+            wrong = wrong_upstream(learner, bugs, cu_seqlens, tol)
+        except NotRecorded:   # a student bundle without the expected ids: the failure stands as it is
+            wrong = None
+        if wrong is None:
+            raise
+        exc.message = f"{exc.message} {wrong[0]}"
+        exc.args = (exc.message,)
+        exc.diagnosis = wrong[1]
+        raise
 
 
 def tolerances(kata, dtype):
@@ -112,10 +146,10 @@ def test_document_mask_block_diagonal_causal(learner, bugs, kata, case_rng):
     tol = kata.tolerance("float64")
     for cu_seqlens in (cu(ROW), cu(RAGGED), random_cu(case_rng, 4, torch.int64)):
         got = learner.document_mask(cu_seqlens)
-        check_mask(got, bugs.expected.mask(cu_seqlens), call="document_mask(cu_seqlens)",
-                   case=show(cu_seqlens) + ": each document its own causal triangle",
-                   diagnose=lambda: upstream(learner, bugs, cu_seqlens, tol) or bugs.match(
-                       got, lambda impl: impl.document_mask(cu_seqlens), **tol))
+        with blame_upstream(learner, bugs, cu_seqlens, tol):
+            check_mask(got, bugs.expected.mask(cu_seqlens), call="document_mask(cu_seqlens)",
+                       case=show(cu_seqlens) + ": each document its own causal triangle",
+                       diagnose=lambda: bugs.match(got, lambda impl: impl.document_mask(cu_seqlens), **tol))
 
 
 def test_masks_are_bool_on_device(learner, bugs, kata, rng, device):
@@ -150,10 +184,12 @@ def test_prefix_lm_mask_values(learner, bugs, kata, case_rng):
     cases.append((rows, torch.from_numpy(case_rng.integers(0, 5, size=4))))
     for cu_seqlens, prefix_lens in cases:
         got = learner.prefix_lm_mask(cu_seqlens, prefix_lens)
-        check_mask(got, bugs.expected.mask(cu_seqlens, prefix_lens), call="prefix_lm_mask(cu_seqlens, prefix_lens)",
-                   case=f"{show(cu_seqlens)}, prefix_lens = tensor({prefix_lens.tolist()})",
-                   diagnose=lambda: upstream(learner, bugs, cu_seqlens, tol) or bugs.match(
-                       got, lambda impl: impl.prefix_lm_mask(cu_seqlens, prefix_lens), **tol))
+        with blame_upstream(learner, bugs, cu_seqlens, tol):
+            check_mask(got, bugs.expected.mask(cu_seqlens, prefix_lens),
+                       call="prefix_lm_mask(cu_seqlens, prefix_lens)",
+                       case=f"{show(cu_seqlens)}, prefix_lens = tensor({prefix_lens.tolist()})",
+                       diagnose=lambda: bugs.match(got, lambda impl: impl.prefix_lm_mask(cu_seqlens, prefix_lens),
+                                                   **tol))
 
 
 def test_packed_equals_per_document(learner, bugs, kata, case_rng, rng, device):
@@ -164,12 +200,13 @@ def test_packed_equals_per_document(learner, bugs, kata, case_rng, rng, device):
         q, k, v = qkv(rng, batch, int(cu_seqlens[-1]), dtype)
         tol, loose = tolerances(kata, dtype)
         result = learner.packed_attention(q, k, v, cu_seqlens)
-        expect.array(result, per_document(q, k, v, cu_seqlens), call="packed_attention(q, k, v, cu_seqlens)",
-                     case=f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} {str(dtype)[6:]}; "
-                          f"{show(cu_seqlens)}", device=device, **tol, float32_inside=loose,
-                     against="SDPA on each document alone",
-                     diagnose=lambda: bugs.match(result, lambda impl: impl.packed_attention(q, k, v, cu_seqlens),
-                                                 **loose))
+        with blame_upstream(learner, bugs, cu_seqlens, kata.tolerance("float64")):
+            expect.array(result, per_document(q, k, v, cu_seqlens), call="packed_attention(q, k, v, cu_seqlens)",
+                         case=f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} {str(dtype)[6:]}; "
+                              f"{show(cu_seqlens)}", device=device, **tol, float32_inside=loose,
+                         against="SDPA on each document alone",
+                         diagnose=lambda: bugs.match(result, lambda impl: impl.packed_attention(q, k, v, cu_seqlens),
+                                                     **loose))
 
 
 def test_edge_documents(learner, bugs, kata, rng):
@@ -177,27 +214,30 @@ def test_edge_documents(learner, bugs, kata, rng):
     tol = kata.tolerance("float64")
     for cu_seqlens in (cu([0, 0, 1, 1, 3, 3]), cu([0, 6]), cu([0, 1])):
         got = learner.document_mask(cu_seqlens)
-        check_mask(got, bugs.expected.mask(cu_seqlens), call="document_mask(cu_seqlens)", case=show(cu_seqlens),
-                   diagnose=lambda: upstream(learner, bugs, cu_seqlens, tol) or bugs.match(
-                       got, lambda impl: impl.document_mask(cu_seqlens), **tol))
+        with blame_upstream(learner, bugs, cu_seqlens, tol):
+            check_mask(got, bugs.expected.mask(cu_seqlens), call="document_mask(cu_seqlens)", case=show(cu_seqlens),
+                       diagnose=lambda: bugs.match(got, lambda impl: impl.document_mask(cu_seqlens), **tol))
         got = learner.position_ids(cu_seqlens)
         expect.array(got, bugs.expected.positions(cu_seqlens), call="position_ids(cu_seqlens)",
                      case=show(cu_seqlens), **EXACT,
                      diagnose=lambda: bugs.match(got, lambda impl: impl.position_ids(cu_seqlens), **tol))
     cu_seqlens, prefix_lens = cu([0, 4, 7]), torch.tensor([0, 9])   # none, and longer than its document
     got = learner.prefix_lm_mask(cu_seqlens, prefix_lens)
-    check_mask(got, bugs.expected.mask(cu_seqlens, prefix_lens), call="prefix_lm_mask(cu_seqlens, prefix_lens)",
-               case=f"{show(cu_seqlens)}, prefix_lens = tensor([0, 9]): document 1 is all prefix",
-               diagnose=lambda: upstream(learner, bugs, cu_seqlens, tol) or bugs.match(
-                   got, lambda impl: impl.prefix_lm_mask(cu_seqlens, prefix_lens), **tol))
+    with blame_upstream(learner, bugs, cu_seqlens, tol):
+        check_mask(got, bugs.expected.mask(cu_seqlens, prefix_lens), call="prefix_lm_mask(cu_seqlens, prefix_lens)",
+                   case=f"{show(cu_seqlens)}, prefix_lens = tensor([0, 9]): document 1 is all prefix",
+                   diagnose=lambda: bugs.match(got, lambda impl: impl.prefix_lm_mask(cu_seqlens, prefix_lens),
+                                               **tol))
     cu_seqlens = cu([0, 6])
     q, k, v = qkv(rng, (H,), 6)
     tol, loose = tolerances(kata, q.dtype)
     result = learner.packed_attention(q, k, v, cu_seqlens)
-    expect.array(result, F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                 call="packed_attention(q, k, v, cu_seqlens)", case=f"one document: {show(cu_seqlens)}",
-                 **tol, float32_inside=loose, against="causal SDPA",
-                 diagnose=lambda: bugs.match(result, lambda impl: impl.packed_attention(q, k, v, cu_seqlens), **loose))
+    with blame_upstream(learner, bugs, cu_seqlens, kata.tolerance("float64")):
+        expect.array(result, F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                     call="packed_attention(q, k, v, cu_seqlens)", case=f"one document: {show(cu_seqlens)}",
+                     **tol, float32_inside=loose, against="causal SDPA",
+                     diagnose=lambda: bugs.match(result, lambda impl: impl.packed_attention(q, k, v, cu_seqlens),
+                                                 **loose))
 
 
 def test_banned_api(learner, bugs, kata, rng):

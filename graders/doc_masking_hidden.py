@@ -1,7 +1,8 @@
 """Hidden checks of the doc-masking kata: fresh values at each grading, never in a student bundle."""
 import torch
 
-from graders.doc_masking import DV, H, cu, per_document, qkv, random_cu, randn, show, tolerances, upstream
+from graders.doc_masking import (DV, H, blame_upstream, cu, per_document, qkv, random_cu, randn, show,
+                                 tolerances)
 from graders.engine import expect
 
 
@@ -56,10 +57,11 @@ def test_prefix_packed_equals_per_document(learner, bugs, kata, case_rng, rng, d
         q, k, v = qkv(rng, (H,), int(cu_seqlens[-1]))
         tol, loose = tolerances(kata, q.dtype)
         result = learner.packed_attention(q, k, v, cu_seqlens, prefix_lens)
-        expect.array(result, per_document(q, k, v, cu_seqlens, prefix_lens),
-                     call="packed_attention(q, k, v, cu_seqlens, prefix_lens)",
-                     case=f"q, k, v float64 ({H}, T, d); {show(cu_seqlens)}, "
-                          f"prefix_lens = tensor({prefix_lens.tolist()})",
-                     device=device, **tol, float32_inside=loose, against="SDPA on each document alone",
-                     diagnose=lambda: upstream(learner, bugs, cu_seqlens, kata.tolerance("float64")) or bugs.match(
-                         result, lambda impl: impl.packed_attention(q, k, v, cu_seqlens, prefix_lens), **loose))
+        with blame_upstream(learner, bugs, cu_seqlens, kata.tolerance("float64")):
+            expect.array(result, per_document(q, k, v, cu_seqlens, prefix_lens),
+                         call="packed_attention(q, k, v, cu_seqlens, prefix_lens)",
+                         case=f"q, k, v float64 ({H}, T, d); {show(cu_seqlens)}, "
+                              f"prefix_lens = tensor({prefix_lens.tolist()})",
+                         device=device, **tol, float32_inside=loose, against="SDPA on each document alone",
+                         diagnose=lambda: bugs.match(
+                             result, lambda impl: impl.packed_attention(q, k, v, cu_seqlens, prefix_lens), **loose))

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from graders.engine import expect
 from graders.engine.failures import CheckFailed, SandboxFailed, sentence
 from graders.engine.learner import describe_value
-from graders.engine.products import score_tiles
+from graders.engine.products import score_tiles, shapes_in
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_used, check_untampered
 from graders.engine.weights import normal
@@ -349,7 +349,7 @@ def test_half_inputs_merge_in_float32(learner, bugs, kata, rng, device):
 
 
 def test_splits_are_chunks(learner, bugs, kata, rng, device):
-    """split_kv_decode attends by chunks: no score product over more than ceil(Tk / n_splits) keys, and every key scored (recorded matrix products)"""
+    """split_kv_decode attends by chunks: no score product over more than ceil(Tk / n_splits) keys, every key scored, and no tensor of every key's scores (recorded calls)"""
     B, H, Tq, Tk, hd = CHUNK_SHAPE
     q, k, v = inputs(rng, B, H, Tq, Tk, hd)
     for n in CHUNK_SPLITS:
@@ -368,7 +368,25 @@ def test_splits_are_chunks(learner, bugs, kata, rng, device):
                     f"split of at most {chunk} keys is attended on its own (on a GPU, one thread block each), "
                     "never the whole cache's scores.", call=call, case=case,
                     got=f"a product of {max(blocks):,} scores", expected=f"at most {most:,}: B · H · Tq · {chunk}")
+        # What defines a split apart: nothing holds every key's scores at once, however they were made
+        # (chunk products joined, a broadcast multiply and a sum). k and v have the Tk axis too, with head_dim.
+        whole = [shape for shape in float_shapes(ops) if Tk in shape and hd not in shape and math.prod(shape) >= need]
+        expect.that(not whole, f"A tensor held the scores (or weights) of every key at once: each split of at most "
+                    f"{chunk} keys must be attended on its own, its softmax too, and only the (out, lse) pairs merged.",
+                    call=call, case=case, got=f"a tensor of shape {whole[0]}" if whole else None,
+                    expected=f"nothing of {need:,} values or more with the whole cache's {Tk} keys as an axis, "
+                             "but k and v themselves")
     check_untampered(learner, call=call, case=case)
+
+
+def float_shapes(ops) -> list[tuple]:
+    """The shapes of the floating tensors the recorded calls took (their arguments, lists of them too)."""
+    def found(value):
+        if isinstance(value, dict) and "float" in str(value.get("dtype")):
+            return shapes_in(value)
+        return [shape for item in value for shape in found(item)] if isinstance(value, list) else []
+    return [shape for op in ops for arg in [*op.get("args", []), *op.get("kwargs", {}).values()]
+            for shape in found(arg)]
 
 
 def test_rejects_bad_arguments(learner, rng):

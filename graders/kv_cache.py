@@ -400,12 +400,18 @@ def test_chunked_prefill_bottom_right(learner, bugs, kata, rng, device):
                        case=case, itself=own_forward)
 
 
-def repeated_diagnosis(cache, keys, values, n_rep, rng):
-    """cache-stores-repeated-kv: after refusing n_kv_heads heads, the cache takes an append of
-    n_heads heads and holds the module's keys and values repeated for the groups."""
+def repeated_diagnosis(learner, m, x, P, keys, values, n_rep, rng, *, device, case):
+    """cache-stores-repeated-kv: a new cache, filled by the module as the check's was, takes an
+    append of n_heads heads and holds the module's keys and values repeated for the groups. A new
+    one, because the refused append may have left the check's cache changed (a position moved on
+    before a failed write)."""
     B, Hkv, t, hd = keys.shape
     try:
+        cache = learner.KVCache()
+        decode(learner, m, cache, x, (P, 1), device=device, case=case)
         got = cache.append(normal(rng, B, Hkv * n_rep, 1, hd), normal(rng, B, Hkv * n_rep, 1, hd))
+    except SandboxFailed:
+        raise
     except CheckFailed:
         return None
     if type(got) is not tuple or len(got) != 2 or not all(type(g) is torch.Tensor for g in got):
@@ -446,7 +452,8 @@ def test_cache_holds_kv_heads(learner, bugs, kata, rng, device):
         expect.fail(f"The cache the module filled refuses keys of n_kv_heads = {Hkv} heads: what the module "
                     f"appended is not (B, n_kv_heads, t, head_dim).", call=call, case=case,
                     got=exc.message.splitlines()[0], expected=expected,
-                    diagnose=lambda: repeated_diagnosis(cache, keys, values, H // Hkv, rng))
+                    diagnose=lambda: repeated_diagnosis(learner, m, x, P, keys, values, H // Hkv, rng,
+                                                        device=device, case=case))
     expect.that(type(got) is tuple and len(got) == 2, "append(k, v) must return the pair (k_all, v_all).",
                 call=call, case=case, got=describe_value(got), expected=expected)
     tol = kata.tolerance("float64")

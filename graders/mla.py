@@ -5,18 +5,23 @@ import torch
 
 from graders.engine import expect
 from graders.engine.learner import describe_value
-from graders.engine.products import product
+from graders.engine.products import product, shapes_in
 from graders.engine.recording import recorded
 from graders.engine.structure import check_untampered
 from graders.engine.weights import inject, listing, normal
 
 # (B, d_model, n_heads, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_dim): every size differs from the
 # others (n_heads 3 against head sizes 4, 5, 6), so a per-head cache shows in its shape, and
-# v_dim != qk_nope_dim. n_heads < qk_nope_dim, v_dim in the first: the absorbed path's latent scores
-# (B·n_heads·Tk numbers) stay below one head's up-projected cache (B·Tk·min(qk_nope_dim, v_dim)). kv_lora_rank is even, so a latent turned by RoPE can be named, and so is
-# qk_nope_dim, as in every MLA model: DeepSeek's view_as_complex needs q_pe's strides even.
+# v_dim != qk_nope_dim. In the first, the per-head widths (4, 5, 9, 10, and n_heads times them: 12, 15, 27, 30) are
+# neither n_heads, kv_lora_rank nor a cache length decoded, so a tensor of per-head keys or values of the cache shows
+# in its shape. kv_lora_rank is even, so a latent turned by RoPE can be named, and so is qk_nope_dim, as in every MLA
+# model: DeepSeek's view_as_complex needs q_pe's strides even.
 CONFIGS = [(2, 24, 3, 16, 4, 6, 5), (3, 32, 4, 12, 6, 8, 7)]
 P = 5   # prefill length before decoded tokens: the cache lengths decoding reaches (6, 7, 8) are no head size
+# The absorbed check's prefill: the cache lengths its decoded steps reach (37, 38, 39, and times B, H or B·H: 74 to
+# 234) are no size of CONFIGS[0]'s module (B, H, d_model, the four dims, their sums, halves and products with B, H
+# or B·H: 1 to 144), so an axis of such a size is the cached tokens'.
+P_ABSORBED = 36
 CASE = ("x: {dtype} ({B}, {T}, {d}), standard normal; MultiHeadLatentAttention({d}, {H}, {r}, {nope}, {rope}, {v}); "
         "weights injected (W ~ N(0, 1/fan_in), no bias); eval mode")
 
@@ -140,7 +145,20 @@ def judge_decoding(learner, bugs, kata, device, sd, H, dims, x, chunks, *, absor
                                                              absorb)[0], **loose)
     judge_itself(kata, got, full[0].cpu(), "your module's own m(x), without a cache or absorption",
                  truths(bugs, sd, H, dims, x), call=f"{schedule_text(chunks, absorb)}, outputs concatenated",
-                 case=case, what="the outputs, concatenated over time", diagnose=diagnose)
+                 case=case, what="the outputs, concatenated over time" + rows_differing(got, full[0].cpu(), chunks[0],
+                                                                                         loose),
+                 diagnose=diagnose)
+
+
+def rows_differing(got, own, prefill, tol) -> str:
+    """Where only decoding is wrong (a mask or a position that a cache shifts), which rows of the
+    outputs (time steps) differ from the module's own full forward: '' unless the prefill's agree."""
+    wrong = [t for t in range(got.shape[1]) if expect.mismatch(got[:, t], own[:, t], **tol) is not None]
+    if not wrong or wrong[0] < prefill:
+        return ""
+    span = lambda a, b: f"{a}" if a == b else f"{a}-{b}"
+    rows = span(wrong[0], wrong[-1]) if wrong == list(range(wrong[0], wrong[-1] + 1)) else ", ".join(map(str, wrong))
+    return f" (rows {span(0, prefill - 1)}, the prefill, agree; rows {rows}, the decoded tokens, differ)"
 
 
 def test_cache_bytes_per_token(learner, bugs):
@@ -205,26 +223,29 @@ def per_token(t, B, n):
     return None
 
 
-def cache_diagnosis(cache, keys, H, dims, B, n):
+def cache_diagnosis(cache, keys, values, H, dims, B, n):
     """What a wrong cache holds instead of (c_kv, k_rope): the shared RoPE key copied to every head
     (per-head-rope-key-cached), or every head's up-projected keys (cache-holds-up-projected-keys).
-    ``keys``: every head's full key, (B, H, n, nope + rope)."""
+    ``keys`` and ``values``: every head's full key and value, (B, H, n, nope + rope) and (B, H, n, v)."""
     r, nope, rope, v = dims
     if not isinstance(cache, (tuple, list)) or not all(type(t) is torch.Tensor for t in cache):
         return None
     k = keys.transpose(1, 2)   # (B, n, H, nope + rope)
     shared, k_nope = k[:, :, 0, nope:], k[..., :nope]   # (B, n, rope): the one key every head reads; (B, n, H, nope)
+    kv = torch.cat([k_nope, values.transpose(1, 2)], dim=-1)   # (B, n, H, nope + v): wkv_b(c_kv), head by head
+    close = lambda a, b: expect.mismatch(a, b, rtol=1e-5, atol=1e-5) is None
     for t in cache:
         t = per_token(t.cpu().double(), B, n)
         if t is None:
             continue
-        if t.shape[-1] == H * rope and expect.mismatch(t, shared.repeat(1, 1, H), rtol=1e-5, atol=1e-5) is None:
+        if t.shape[-1] == H * rope and close(t, shared.repeat(1, 1, H)):
             return "per-head-rope-key-cached"
         # a head's full key or its nope part alone: judged on k_nope, whatever layout its rope part takes
         for width in (nope + rope, nope):
-            if t.shape[-1] == H * width and expect.mismatch(t.view(B, n, H, width)[..., :nope], k_nope, rtol=1e-5,
-                                                            atol=1e-5) is None:
+            if t.shape[-1] == H * width and close(t.view(B, n, H, width)[..., :nope], k_nope):
                 return "cache-holds-up-projected-keys"
+        if t.shape[-1] == H * (nope + v) and close(t, kv.reshape(B, n, -1)):   # wkv_b(c_kv) cached
+            return "cache-holds-up-projected-keys"
     return None
 
 
@@ -241,8 +262,8 @@ def test_cache_holds_latent_and_shared_rope_key(learner, bugs, kata, rng, device
     expected = (f"(c_kv, k_rope): c_kv ({B}, {P + 1}, {r}) = (B, t, kv_lora_rank) and k_rope ({B}, {P + 1}, {rope}) "
                 f"= (B, t, qk_rope_dim), {r + rope} numbers per token, where every head's keys and values would "
                 f"take {H * (nope + rope + v)}")
-    keys, _ = bugs.expected.keys_and_values(sd, H, dims, x)
-    diagnose = lambda: (cache_diagnosis(cache, keys, H, dims, B, P + 1)
+    keys, values = bugs.expected.keys_and_values(sd, H, dims, x)
+    diagnose = lambda: (cache_diagnosis(cache, keys, values, H, dims, B, P + 1)
                         or bugs.match(cache, lambda impl: trusted(impl.MultiHeadLatentAttention, sd, H, dims, x,
                                                                   (P, 1))[1], **kata.tolerance("float32")))
     expect.that(type(cache) is tuple and len(cache) == 2, "The cache must be the pair (c_kv, k_rope).", call=call,
@@ -282,43 +303,66 @@ def test_absorbed_equals_naive(learner, bugs, kata, rng, device):
                        absorb=True)
 
 
-def up_projections(ops, r, Tk, sizes, least):
-    """The recorded products that up-project the cache: they contract kv_lora_rank and give a
-    result with an axis over the cached tokens (Tk, or batch and time flattened together: a
-    multiple of Tk) and either a per-head axis (one of ``sizes``) or at least ``least`` numbers
-    (B·Tk·min(qk_nope_dim, v_dim), one head's up-projected cache), more than any product of the
-    absorbed path gives. The new token's own up-projection has no such axis."""
-    found = []
+def per_head_widths(H, nope, rope, v) -> set:
+    """The widths of per-head keys and values, one head's or every head's merged: k_nope, the full
+    key [k_nope ; k_rope], the value, and wkv_b's output [k_nope ; v]."""
+    return {w * n for w in (nope, nope + rope, v, nope + v) for n in (1, H)}
+
+
+def tensors_of(ops):
+    """Every tensor a recorded call was given (arguments, keyword arguments, lists of them) and
+    every matrix product's result, as (what, shape): a tensor a decoding step makes and uses is
+    given to a later call, whatever call made it (a broadcast multiply, tensordot, a loop's stack)."""
     for op in ops:
-        p = product(op)
-        if p is None or p[0] != r or not any(a % Tk == 0 for a in p[1]):
-            continue
-        if any(a in sizes for a in p[1]) or prod(p[1]) >= least:
-            found.append(f"{op.get('name')} -> {tuple(p[1])}")
+        name = op.get("name")
+        for arg in [*op.get("args", []), *op.get("kwargs", {}).values()]:
+            for shape in shapes_in(arg):
+                yield f"{shape} given to {name}", shape
+        made = product(op)
+        if made is not None:
+            yield f"{name} -> {made[1]}", made[1]
+
+
+def per_head_cached(ops, B, H, n, widths) -> list[str]:
+    """The recorded tensors that hold per-head keys or values of the n cached tokens: an axis over
+    the tokens (n, or n flattened with the batch, the heads or both) and another of one of
+    ``widths``. The absorbed path has none: the latent scores and weights have the tokens and no
+    width, the new token's keys a width and no token axis."""
+    tokens = {n * k for k in (1, B, H, B * H)}
+    found = []
+    for what, shape in tensors_of(ops):
+        token_axes = [i for i, a in enumerate(shape) if a in tokens]
+        if any(a in widths for i, a in enumerate(shape) for j in token_axes if i != j) and what not in found:
+            found.append(what)
     return found
 
 
 def test_absorbed_never_up_projects_cache(learner, bugs, kata, rng, device):
-    """absorb=True decodes in the latent space: no matrix product turns the cached c_kv into per-head keys or values"""
+    """absorb=True decodes in the latent space: no tensor of a decoding step holds per-head keys or values of the cached tokens"""
     B, d, H, *dims = CONFIGS[0]
     r, nope, rope, v = dims
-    sd, x = weights(rng, d, H, *dims), normal(rng, B, P + 3, d)
+    sd, x = weights(rng, d, H, *dims), normal(rng, B, P_ABSORBED + 3, d)
     m = build(learner, device, sd, H, dims)
-    case = case_text(x, H, dims, f"out, cache = m(x[:, :{P}], absorb=True), then three tokens decoded one at a time "
-                                 "with absorb=True, their matrix products recorded")
-    _, cache = decode(m, x[:, :P], (P,), True, device=device, case=case)
-    sizes = {nope, v, nope + v, H * nope, H * v, H * (nope + v)}
-    for t in range(P, P + 3):
+    case = case_text(x, H, dims, f"out, cache = m(x[:, :{P_ABSORBED}], absorb=True), then three tokens decoded one "
+                                 "at a time with absorb=True, the tensors of each step recorded")
+    _, cache = decode(m, x[:, :P_ABSORBED], (P_ABSORBED,), True, device=device, case=case)
+    widths = per_head_widths(H, nope, rope, v)
+    for t in range(P_ABSORBED, P_ABSORBED + 3):
         call = f"m(x[:, {t}:{t + 1}], cache, absorb=True) with {t} tokens cached"
         with learner.recording() as ops:
             got = m(x[:, t:t + 1], cache, absorb=True)
         output_form(got, B=B, T=1, d=d, dtype=x.dtype, device=device, call=call, case=case)
-        found = up_projections(ops, r, t + 1, sizes, B * (t + 1) * min(nope, v))
-        expect.that(not found, "The absorbed path up-projects the cache: a product contracts kv_lora_rank and gives "
+        found = per_head_cached(ops, B, H, t + 1, widths)
+        keys, values = bugs.expected.keys_and_values(sd, H, dims, x[:, :t])
+        # a cache of per-head keys makes every step hold them: that mistake is the cache's
+        diagnose = lambda: ("cache-holds-up-projected-keys" if cache_diagnosis(cache, keys, values, H, dims, B, t)
+                            == "cache-holds-up-projected-keys" else "absorbed-up-projects-cache")
+        expect.that(not found, "The absorbed path up-projects the cache: a tensor of the decoding step holds "
                     "per-head keys or values for every cached token.", call=call, case=case,
-                    got="; ".join(found), expected=f"products with the latent c_kv ({B}, {t + 1}, {r}) that give "
-                    f"scores ({B}, {H}, 1, {t + 1}) or a weighted latent ({B}, 1, {H}, {r}); W_uk applied to the "
-                    f"query, W_uv to the weighted latent, never to the cache",
-                    diagnose=lambda: "absorbed-up-projects-cache")
+                    got="; ".join(found[:4]) + (f"; and {len(found) - 4} more" if len(found) > 4 else ""),
+                    expected=f"tensors with the {t + 1} cached tokens and no per-head key or value width "
+                    f"({', '.join(map(str, sorted(widths)))}): the latent c_kv ({B}, {t + 1}, {r}), scores "
+                    f"({B}, {H}, 1, {t + 1}), a weighted latent ({B}, 1, {H}, {r}); W_uk applied to the query, W_uv "
+                    "to the weighted latent, never to the cache", diagnose=diagnose)
         cache = got[1]
     check_untampered(learner, call="m(x_t, cache, absorb=True)", case=case)

@@ -71,17 +71,53 @@ def observe(cache, attention, op):
 @recorded
 def paged_trace(cache_cls, attention, config, ops):
     """What a trusted cache (the reference's or a bug's), built as ``cache_cls(*config)`` on the
-    CPU, answers to ``ops``, in order; "raised" for the first op that raises, and nothing after."""
+    CPU, answers to ``ops``, in order; "raised IndexError" (the exception's type) for the first op
+    that raises, and nothing after."""
     num_blocks, block_size, Hkv, hd, dtype = config
     cache = cache_cls(num_blocks, block_size, Hkv, hd, dtype=getattr(torch, dtype))
     trace = []
     for op in ops:
         try:
             trace.append(observe(cache, attention, op))
-        except Exception:
-            trace.append("raised")
+        except Exception as exc:
+            trace.append(f"raised {type(exc).__name__}")
             break
     return trace
+
+
+COUNTS = ("len", "blocks", "num_free", "refcounts", "same_table", "full")
+
+
+def rest_of_script(learner, cache, ops, start):
+    """What the learner's cache answers to ``ops[start:]`` after a failure, unjudged, as observe()
+    gives it: the counts and what gather reads back; None for the ops that change the cache and for
+    attention (not needed to tell two caches apart), and "raised ..." for the first op that raises,
+    and nothing after."""
+    rest = []
+    for op in ops[start:]:
+        if op[0] == "attend":
+            rest.append(None)
+            continue
+        try:
+            got = learner_answer(learner, cache, op)
+        except LearnerRaised as exc:
+            rest.append(f"raised {exc.type_name}")
+            break
+        if op[0] == "gather":
+            got = tuple(x.cpu() if type(x) is torch.Tensor else x for x in got) if type(got) is tuple else got
+        rest.append(got if op[0] in COUNTS + ("gather",) else None)
+    return rest
+
+
+def agrees(ops, got, want, tol) -> bool:
+    """Whether two traces (from the same op on) read back and count alike, and raise at the same op."""
+    for op, a, b in zip(ops, got, want):
+        raised = any(type(x) is str and x.startswith("raised") for x in (a, b))
+        if (raised or op[0] in COUNTS) and not (type(a) is type(b) and a == b):
+            return False
+        if op[0] == "gather" and not raised and not expect.same(a, b, **tol):
+            return False
+    return True
 
 
 @recorded
@@ -253,7 +289,29 @@ def drive(learner, bugs, kata, device, config, ops, case, *, attend=None):
     compute = lambda impl: paged_trace(impl.PagedKVCache, impl.paged_attention, config, tuple(ops))
     reference_trace = functools.cache(lambda: compute(bugs.reference))   # the reference's whole trace, replayed once
     trace, seqs = [], Sequences()
-    diagnose = lambda: bugs.match(trace, lambda impl: compute(impl)[:len(trace)], **kata.tolerance("float32"))
+
+    def diagnose():
+        """The first bug whose cache answers the ops as the learner's did up to the failure, and
+        then the rest of the script (its counts and reads) as the learner's does: two bugs can read
+        the same wrong tokens at first, and only what comes after (a copy made or not, where later
+        tokens land) tells them apart."""
+        tol, failed_at, rest = kata.tolerance("float32"), len(trace), None
+        among = list(bugs.codes)
+        while among:
+            code = bugs.match(trace, lambda impl: compute(impl)[:failed_at], among=among, **tol)
+            if code is None:
+                return None
+            if rest is None:   # after a raise the learner's cache is in no state to go on
+                raised = type(trace[-1]) is str and trace[-1].startswith("raised ")
+                rest = [] if raised else rest_of_script(learner, cache, ops, failed_at)
+            for variant, impl in bugs.variants():
+                theirs = compute(impl) if variant == code else None
+                if theirs is not None and expect.same(trace, theirs[:failed_at], **tol) \
+                        and agrees(ops[failed_at:], rest, theirs[failed_at:], tol):
+                    return code
+            among.remove(code)
+        return None
+
     for i, op in enumerate(ops):
         kind = op[0]
         call = (OP_CALLS[kind].format(*op[1:]) if kind in OP_CALLS else
@@ -265,7 +323,7 @@ def drive(learner, bugs, kata, device, config, ops, case, *, attend=None):
         except LearnerRaised as exc:
             if exc.type_name is None:   # the method itself is missing: report that as it is
                 raise
-            trace.append("raised")
+            trace.append(f"raised {exc.type_name}")
             exc.call, exc.case = exc.call or call, exc.case or case
             try:
                 exc.diagnosis = exc.diagnosis or diagnose()

@@ -29,6 +29,10 @@ TORCH_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.b
                 "fp8": torch.float8_e4m3fn, "float8": torch.float8_e4m3fn, "int8": torch.int8}
 
 NOT_NUMBER = "Return a Python number (an int or a float): times, FLOPs per byte and MFU are real numbers."
+NOT_COUNT = "Return an int: FLOPs are a count, compared exactly."
+FLOAT_COUNT = (" A float is not one, even a whole one: it holds whole numbers exactly only up to 2**53, and `/`, "
+               "or any float in the sum (3.0 * ..., 1e9 * ...), makes one. Keep the arithmetic in ints: `*`, `+`, "
+               "and `//` where a division is exact.")
 NOT_STEP = "decode_step returns a pair (seconds, bound), bound being \"memory\" or \"compute\"."
 
 WRONG = {"dtype_bytes": "Wrong number of bytes per element.", "decode_step": "Wrong decode-step time.",
@@ -84,12 +88,48 @@ def close(a, b) -> bool:
 
 
 def ratio(got, expected) -> str:
+    """How ``got`` stands to ``expected``, in words that point at the slip: a simple fraction (17/18, 3 times),
+    else how many per cent off where that is under 10 % (a ratio that prints as 1 says nothing), and a
+    whole number within 1 of an answer that is not one is said to be rounded."""
     if not (is_number(got) and is_number(expected)) or expected == 0 or got == expected or got <= 0:
         return ""
-    r = Fraction(got / expected).limit_denominator(100)
-    if not math.isclose(float(r), got / expected, rel_tol=1e-6):
-        return f" ({got / expected:.3g} times the right answer)"
-    return f" ({r} times the right answer)" if r > 1 else f" ({r} of the right answer)"
+    r = got / expected
+    simple = Fraction(r).limit_denominator(100)
+    if simple != 1 and math.isclose(float(simple), r, rel_tol=1e-6):
+        return f" ({simple} times the right answer)" if simple > 1 else f" ({simple} of the right answer)"
+    if abs(r - 1) >= 0.1:
+        return f" ({r:.3g} times the right answer)"
+    side = "above" if r > 1 else "below"
+    off = f"{abs(r - 1) * 100:.2g} % {side} the right answer"
+    if float(got).is_integer() and not float(expected).is_integer() and abs(got - expected) < 1:
+        way = "up" if r > 1 else "down"
+        off += f": {expected:.6g} rounded {way} to a whole number, where the answer is not rounded"
+    return f" ({off})"
+
+
+def step_times(args) -> tuple[Fraction, Fraction]:
+    """(seconds of the FLOPs, seconds of the bytes) of decode_step(*args), exactly."""
+    P, kvt, T, B, hbm, fps, bpp = (*args, 2)[:7]   # bytes_per_param defaults to 2
+    return Fraction(2 * P * B) / Fraction(fps), (Fraction(P) * Fraction(bpp) + B * T * kvt) / Fraction(hbm)
+
+
+def tie(args) -> str:
+    """The sentence that says a step's FLOPs and bytes take exactly as long, where they do; else ""."""
+    compute_s, memory_s = step_times(args)
+    if compute_s != memory_s:
+        return ""
+    return (f" The FLOPs and the bytes take exactly as long here, {float(compute_s):.6g} s each: a tie, which is "
+            "\"memory\" (the bound is \"compute\" only where the FLOPs take strictly longer).")
+
+
+def wrong_bound(args) -> str:
+    """"Wrong bound.", with the step's two times: what decides it, or that they tie."""
+    compute_s, memory_s = step_times(args)
+    if compute_s == memory_s:
+        return "Wrong bound." + tie(args)
+    longer, shorter = ("FLOPs", "bytes") if compute_s > memory_s else ("bytes", "FLOPs")
+    return (f"Wrong bound. The FLOPs take {float(compute_s)!r} s and the bytes {float(memory_s)!r} s: "
+            f"the {longer} take longer than the {shorter}.")
 
 
 def diagnosis(bugs, got, name, args, pick=lambda x: x):
@@ -142,7 +182,7 @@ def ask(learner, bugs, name, args, expected, *, case, how=""):
         got = step_of(learner, args, call=call, case=case)
         check_number(got[0], expected[0], call=call, case=case, wrong=WRONG[name], how=how,
                      diagnose=lambda: diagnosis(bugs, got[0], name, args, lambda s: s[0]))
-        expect.that(got[1] == expected[1], "Wrong bound.", call=call, case=case, got=repr(got[1]),
+        expect.that(got[1] == expected[1], wrong_bound(args), call=call, case=case, got=repr(got[1]),
                     expected=repr(expected[1]), diagnose=lambda: step_diagnosis(learner, bugs, got, args))
         return
     got = getattr(learner, name)(*args)
@@ -154,10 +194,9 @@ def ask(learner, bugs, name, args, expected, *, case, how=""):
                          diagnose=lambda: diagnosis(bugs, got[i], name, args, lambda s: s[i]))
         return
     if name == "train_flops_per_token":
-        expect.that(type(got) is int or (type(got) is float and got.is_integer()),
-                    "Return an int: FLOPs are a count.", call=call, case=case,
+        expect.that(type(got) is int, NOT_COUNT + (FLOAT_COUNT if type(got) is float else ""), call=call, case=case,
                     got=f"{describe_value(got)} ({type(got).__name__})", expected=f"int {expected:,}")
-        expect.that(got == expected, WRONG[name], call=call, case=case, got=f"{int(got):,}{ratio(got, expected)}",
+        expect.that(got == expected, WRONG[name], call=call, case=case, got=f"{got:,}{ratio(got, expected)}",
                     expected=f"{expected:,}{how}", diagnose=lambda: diagnosis(bugs, got, name, args))
         return
     check_number(got, expected, call=call, case=case, wrong=WRONG[name], how=how,
@@ -267,7 +306,7 @@ def test_decode_step_bound(learner, bugs, case_rng):
         expected = "compute" if compute else "memory"
         call = call_text("decode_step", args)
         got = step_of(learner, args, call=call, case=f"{flops:,} FLOPs, {nbytes:,} bytes")
-        expect.that(got[1] == expected, "Wrong bound.", call=call, case=f"{flops:,} FLOPs, {nbytes:,} bytes",
+        expect.that(got[1] == expected, wrong_bound(args), call=call, case=f"{flops:,} FLOPs, {nbytes:,} bytes",
                     got=repr(got[1]), expected=repr(expected),
                     diagnose=lambda: step_diagnosis(learner, bugs, got, args))
 

@@ -3,7 +3,7 @@ import math
 from fractions import Fraction
 
 from graders.engine import expect
-from graders.roofline import call_text, step_diagnosis, step_of
+from graders.roofline import call_text, step_diagnosis, step_of, tie
 
 
 def test_bound_flips_at_crossover(learner, bugs, case_rng):
@@ -25,8 +25,8 @@ def test_bound_flips_at_crossover(learner, bugs, case_rng):
         call = call_text("decode_step", args)
         got = step_of(learner, args, call=call, case=case)
         expect.that(got[1] == expected, f"With an empty cache the weight matmuls decide the bound: the crossover is "
-                    f"{float(exact):.6g} sequences.", call=call, case=case, got=repr(got[1]), expected=repr(expected),
-                    diagnose=lambda: step_diagnosis(learner, bugs, got, args))
+                    f"{float(exact):.6g} sequences.{tie(args)}", call=call, case=case, got=repr(got[1]),
+                    expected=repr(expected), diagnose=lambda: step_diagnosis(learner, bugs, got, args))
     # The cache keeps a large batch memory-bound: T chosen so that its bytes outweigh the FLOPs' time.
     B = 4 * above
     T = math.ceil(2 * P * B * hbm / fps / (B * kvt)) + 1

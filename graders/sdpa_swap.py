@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from graders.engine import expect
 from graders.engine.failures import LearnerRaised
+from graders.engine.products import shapes_in
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_in_ops, check_untampered
 from graders.engine.weights import inject, normal
@@ -115,6 +116,16 @@ def sdpa_calls(ops):
             kwargs = op.get("kwargs") if isinstance(op.get("kwargs"), dict) else {}
             calls.append({**SDPA_DEFAULTS, **dict(zip(SDPA_PARAMS, args)), **kwargs})
     return calls
+
+
+def float_shapes(ops) -> list[tuple]:
+    """The shapes of the floating tensors the recorded calls took (their arguments, lists of them too)."""
+    def found(value):
+        if isinstance(value, dict) and "float" in str(value.get("dtype")):
+            return shapes_in(value)
+        return [shape for item in value for shape in found(item)] if isinstance(value, list) else []
+    return [shape for op in ops for arg in [*op.get("args", []), *op.get("kwargs", {}).values()]
+            for shape in found(arg)]
 
 
 def tensor_text(summary):
@@ -225,7 +236,7 @@ def test_paths_agree(learner, bugs, kata, rng, device):
 
 
 def test_flash_calls_sdpa(learner, bugs, kata, rng, device):
-    """flash=True calls F.scaled_dot_product_attention once, with is_causal=True, no attn_mask, the default scale"""
+    """flash=True calls F.scaled_dot_product_attention once, with is_causal=True, no attn_mask, the default scale, and builds no (T, T) scores of its own"""
     tol = kata.tolerance("float64")
     sd = weights(rng, C)
     call = f"CausalSelfAttention({C}, {H}, {BS})(x)"   # the defaults: flash=True, dropout=0.0
@@ -239,6 +250,14 @@ def test_flash_calls_sdpa(learner, bugs, kata, rng, device):
     expect.that(bool(calls), "With flash=True the module never calls F.scaled_dot_product_attention: the fused "
                 "kernel is the point of the flash path.", call=call, case=case, got="no SDPA call recorded",
                 expected="F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=...)",
+                diagnose=lambda: "sdpa-not-used")
+    # Called is not used: what defines SDPA doing the attention is that nothing else builds the (T, T)
+    # scores or weights of every head (the mask buffer, one (T, T) for all of them, is smaller).
+    scores = [shape for shape in float_shapes(ops) if shape.count(BS) >= 2 and math.prod(shape) >= B * H * BS * BS]
+    expect.that(not scores, "With flash=True the module still builds the (T, T) attention scores by hand: SDPA is "
+                "called, but the attention is not left to it.", call=call, case=case,
+                got=f"a tensor of shape {scores[0]}" if scores else None,
+                expected=f"no tensor of (T, T) = ({BS}, {BS}) scores for every head: SDPA's output as the attention",
                 diagnose=lambda: "sdpa-not-used")
     expect.that(len(calls) == 1, "The flash path calls F.scaled_dot_product_attention more than once: one call "
                 "takes every batch element and head at once.", call=call, case=case,

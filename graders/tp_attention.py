@@ -6,6 +6,7 @@ all-reduce sums through a barrier (``simulate``), so a wrong output can be named
 """
 import threading
 from math import prod
+from types import SimpleNamespace
 from unittest import mock
 
 import torch
@@ -13,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from graders.engine import expect
+from graders.engine.learner import CollectiveNotJoined
 from graders.engine.recording import recorded
 from graders.engine.weights import listing, normal
 
@@ -25,10 +27,6 @@ REPLICATED = [(4, (2, 5, 48, 8, 2)), (2, (3, 5, 20, 4, 1)), (4, (3, 5, 20, 4, 1)
 CASE = ("x: {dtype} ({B}, {T}, {d}), standard normal, the same on every rank; the full layer's weights "
         "W ~ N(0, 1/{d}), biases ~ N(0, 1); n_heads={H}, n_kv_heads={Hkv}, world_size={world}")
 CALL = "TensorParallelAttention(state_dict, {H}, {Hkv}, rank, {world})(x) on each of the {world} ranks"
-# What a rank may call to communicate; the recorder names torch.distributed's functions.
-COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
-               "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "reduce", "all_to_all",
-               "all_to_all_single", "send", "recv", "isend", "irecv", "scatter", "gather", "batch_isend_irecv"}
 
 
 def full_weights(rng, d, H, Hkv, dtype=torch.float64):
@@ -70,17 +68,25 @@ def sdpa(sd, H, Hkv, x):
 @recorded
 def simulate(cls, sd, H, Hkv, world, x):
     """A trusted TensorParallelAttention (the reference's or a bug's) run here, each rank a thread
-    whose dist.all_reduce sums through a barrier: (every rank's output, the shapes each all-reduced)."""
+    whose dist.all_reduce sums (or, with ReduceOp.AVG, averages) through a barrier: (every rank's
+    output, the shapes each all-reduced). A rank that waits for an all-reduce a finished rank never
+    called raises at once, as one that raises releases the others."""
     barrier, slots, local = threading.Barrier(world, timeout=30), [None] * world, threading.local()
     outs, shapes, errors = [None] * world, [[] for _ in range(world)], []
+    lock, entered, done = threading.Lock(), [0] * world, [False] * world
 
-    def all_reduce(t, *args, **kwargs):
+    def all_reduce(t, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        with lock:
+            entered[local.rank] += 1
+            if any(done[r] and entered[r] < entered[local.rank] for r in range(world)):
+                barrier.abort()   # the rank it waits for has returned: it never comes
         slots[local.rank] = t.clone()
         shapes[local.rank].append(tuple(t.shape))
         barrier.wait()
         total = sum(slots[1:], slots[0].clone())
         barrier.wait()   # every rank has read every slot before any writes its sum back
-        t.copy_(total)
+        t.copy_(total / world if op == dist.ReduceOp.AVG else total)
+        return SimpleNamespace(wait=lambda: True) if async_op else None   # summed already: waiting is free
 
     def run(rank):
         local.rank = rank
@@ -90,8 +96,13 @@ def simulate(cls, sd, H, Hkv, world, x):
         except Exception as exc:   # noqa: BLE001  a bug may raise: the others must not wait for it
             errors.append(exc)
             barrier.abort()
+        with lock:
+            done[rank] = True
+            if any(entered[r] > entered[rank] for r in range(world) if not done[r]):
+                barrier.abort()   # a rank waits in an all-reduce this one never called
 
-    with mock.patch.object(dist, "all_reduce", all_reduce):
+    with mock.patch.multiple(dist, all_reduce=all_reduce, get_rank=lambda group=None: local.rank,
+                             get_world_size=lambda group=None: world):
         threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
         for t in threads:
             t.start()
@@ -182,9 +193,18 @@ def test_rejects_bad_split(learner, rng):
                        "the expected one.", returned=f"{why}, yet shards were returned.")
 
 
+def each(ranks, fn) -> list:
+    """ranks.each(fn), a collective that some rank never called named as the mistake it is."""
+    try:
+        return ranks.each(fn)
+    except CollectiveNotJoined as exc:
+        exc.diagnosis = "collective-on-some-ranks"
+        raise
+
+
 def build(ranks, sd, H, Hkv, world):
     """The learner's module on every rank, from the full weights."""
-    return ranks.each(lambda r, L: L.TensorParallelAttention(sd, H, Hkv, r, world))
+    return each(ranks, lambda r, L: L.TensorParallelAttention(sd, H, Hkv, r, world))
 
 
 def test_parameters_per_rank(learner, bugs, rng):
@@ -210,15 +230,29 @@ def test_parameters_per_rank(learner, bugs, rng):
                                                                                      H, Hkv, rank, world), rtol=0, atol=0))
 
 
-def forward_all(ranks, mods, x, *, record=False):
-    """Every rank's forward of x at once: outputs, and each rank's recorded ops when asked."""
-    def fwd(r, L):
-        if not record:
-            return mods[r](x), None
-        with L.recording() as ops:
-            y = mods[r](x)
-        return y, ops
-    return [list(t) for t in zip(*ranks.each(fwd))]
+def forward_all(ranks, mods, x, *, call, case):
+    """Every rank's forward of x at once: the outputs, and the collectives each rank entered in it as
+    its process group recorded them ([(name, shape of the first tensor)], a barrier's shape None). An
+    async collective left unwaited fails here: the outputs are read before its sum lands, or after."""
+    before = ranks.collectives()
+    outs = each(ranks, lambda r, L: mods[r](x))
+    after = ranks.collectives([b["entered"][-1][0] if b["entered"] else -1 for b in before])
+    for rank, (b, a) in enumerate(zip(before, after)):
+        expect.that(a["unwaited"] == b["unwaited"], f"Rank {rank} returned with an async collective never waited "
+                    "on: an async all_reduce must be waited on (`work.wait()`) before its tensor is read, or the "
+                    "output is read while the sum is still being written into it.", call=call, case=case,
+                    got=f"{a['unwaited'] - b['unwaited']} collective(s) with async_op=True whose work nobody waited on",
+                    expected="every collective finished before forward returns",
+                    diagnose=lambda: "all-reduce-not-waited")
+    return outs, [[(name, tuple(shape) if shape else None) for _, name, shape in a["entered"]] for a in after]
+
+
+def returned(outs, call, case, diagnose=None):
+    """Every rank's forward returned a value: None is what all_reduce returns, named before its type."""
+    for rank, got in enumerate(outs):
+        expect.that(got is not None, f"Rank {rank}'s forward returned None.", call=f"{call}: rank {rank}'s output",
+                    case=case, got="None", expected="a torch.Tensor, the full (B, T, d_model) output",
+                    diagnose=diagnose)
 
 
 def compare(ranks, bugs, kata, rng, world, cfg, *, dtype=torch.float64):
@@ -227,10 +261,11 @@ def compare(ranks, bugs, kata, rng, world, cfg, *, dtype=torch.float64):
     sd, x = full_weights(rng, d, H, Hkv, dtype), normal(rng, B, T, d).to(dtype)
     call = CALL.format(H=H, Hkv=Hkv, world=world)
     case = CASE.format(dtype=str(dtype).removeprefix("torch."), B=B, T=T, d=d, H=H, Hkv=Hkv, world=world)
-    outs, _ = forward_all(ranks, build(ranks, sd, H, Hkv, world), x)
+    outs, _ = forward_all(ranks, build(ranks, sd, H, Hkv, world), x, call=call, case=case)
     tol = kata.tolerance(dtype)
     diagnose = lambda: bugs.match(tuple(outs), lambda impl: simulate(impl.TensorParallelAttention, sd, H, Hkv, world,
                                                                       x)[0], **kata.tolerance("float32"))
+    returned(outs, call, case, diagnose)
     for expected, against in ((single(bugs.expected.CausalSelfAttention, sd, H, Hkv, x),
                                "the single-process CausalSelfAttention with the full weights"),
                               (sdpa(sd, H, Hkv, x), "F.scaled_dot_product_attention(enable_gqa=True) with the full weights")):
@@ -274,8 +309,10 @@ def test_own_shards_only(learner, bugs, kata, rng):
         case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H, Hkv=Hkv, world=world) + \
             "; each rank's state_dict NaN outside its shards (other heads' rows of c_attn, other columns of c_proj)"
         ranks = learner.ranks(world)
-        outs, _ = forward_all(ranks, ranks.each(lambda r, L: L.TensorParallelAttention(mine[r], H, Hkv, r, world)), x)
+        mods = each(ranks, lambda r, L: L.TensorParallelAttention(mine[r], H, Hkv, r, world))
+        outs, _ = forward_all(ranks, mods, x, call=call, case=case)
         expected = single(bugs.expected.CausalSelfAttention, sd, H, Hkv, x)
+        returned(outs, call, case)
         for rank, got in enumerate(outs):
             expect.that(not (isinstance(got, torch.Tensor) and got.isnan().any()), f"Rank {rank}'s output holds NaN, "
                         "and only the weights it does not hold were NaN: it computes with weights outside its shards "
@@ -285,16 +322,6 @@ def test_own_shards_only(learner, bugs, kata, rng):
             expect.array(got, expected, call=f"{call}: rank {rank}'s output", case=case, what=f"rank {rank}'s output",
                          against="the single-process CausalSelfAttention with the full weights",
                          **kata.tolerance("float64"))
-
-
-def collectives(ops) -> list[tuple[str, tuple]]:
-    """(name, shape of the first tensor) of each torch.distributed collective among recorded ops."""
-    found = []
-    for op in ops:
-        if op.get("module", "").startswith("torch.distributed") and op.get("name") in COLLECTIVES:
-            first = next((a for a in op.get("args", []) if isinstance(a, dict) and "shape" in a), None)
-            found.append((op["name"], tuple(first["shape"]) if first else None))
-    return found
 
 
 def least_sent(ranks, run, times=3) -> int | None:
@@ -313,7 +340,10 @@ def least_sent(ranks, run, times=3) -> int | None:
 
 def test_one_all_reduce(learner, bugs, rng):
     """exactly one collective per forward on every rank: an all_reduce of the (B, T, d_model) output"""
-    for world, (B, T, d, H, Hkv) in ((2, CONFIGS[2][1]), (4, CONFIGS[4][1])):
+    for world, (_, _, d, H, Hkv) in ((2, CONFIGS[2][1]), (4, CONFIGS[4][1])):
+        # 8 x 32 tokens: the output's 98 kB fill the loopback's 64 kB packets, so the count of bytes is
+        # the transfers' and not their packets' headers, whose number varies with the load
+        B, T = 8, 32
         sd, x = full_weights(rng, d, H, Hkv), normal(rng, B, T, d)
         call = CALL.format(H=H, Hkv=Hkv, world=world)
         case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H, Hkv=Hkv, world=world)
@@ -321,18 +351,18 @@ def test_one_all_reduce(learner, bugs, rng):
         qkv_widths = {(H + 2 * Hkv) * hd, (H // world + 2 * kv) * hd}   # the full and the rank's projection
         ranks = learner.ranks(world)
         mods = build(ranks, sd, H, Hkv, world)
-        forward_all(ranks, mods, normal(rng, B, T, d))   # a first call: lazy set-up happens before measuring
-        recorded = []   # each rank's ops, for every measured forward
-        sent = least_sent(ranks, lambda: recorded.append(forward_all(ranks, mods, x, record=True)[1]))
+        forward_all(ranks, mods, normal(rng, B, T, d), call=call, case=case)   # a first call: lazy set-up first
+        entered = []   # each rank's collectives, for every measured forward
+        sent = least_sent(ranks, lambda: entered.append(forward_all(ranks, mods, x, call=call, case=case)[1]))
         if sent is not None:   # the bytes of one all-reduce of the output, sent by kit code in the ranks
             zeros = torch.zeros(B, T, d, dtype=torch.float64)
             one = least_sent(ranks, lambda: ranks.each(lambda r, L: L.kit_function("all_reduce")(zeros)))
-        for rank, ops in (pair for ops_of_ranks in recorded for pair in enumerate(ops_of_ranks)):
-            calls = collectives(ops)
+        for rank, calls in (pair for of_ranks in entered for pair in enumerate(of_ranks)):
             after_qkv = any(name == "all_reduce" and shape and shape[-1] in qkv_widths for name, shape in calls)
             expect.that(calls == [("all_reduce", (B, T, d))], f"Rank {rank} does not communicate exactly once per "
-                        "forward: the layer needs one all_reduce, of its share of the output.", call=call, case=case,
-                        got=", ".join(f"{n} of {list(s) if s else '?'}" for n, s in calls) or "no collective",
+                        "forward: the layer needs one all_reduce, of its share of the output (a barrier is a "
+                        "collective too).", call=call, case=case,
+                        got=", ".join(f"{n} of {list(s)}" if s else n for n, s in calls) or "no collective",
                         expected=f"all_reduce of [{B}, {T}, {d}], once",
                         diagnose=lambda: "all-reduce-after-qkv" if after_qkv else None)
         if sent is not None:

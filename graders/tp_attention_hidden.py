@@ -2,7 +2,8 @@
 import torch
 
 from graders.engine import expect
-from graders.tp_attention import CALL, CASE, REPLICATED, build, compare, forward_all, full_weights, normal, simulate
+from graders.tp_attention import (CALL, CASE, REPLICATED, build, compare, forward_all, full_weights, normal,
+                                   returned, simulate)
 
 
 def test_gqa_kv_replicated(learner, bugs, kata, rng):
@@ -23,9 +24,10 @@ def test_bias_added_once(learner, bugs, kata, rng):
         call = CALL.format(H=H, Hkv=Hkv, world=world)
         case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H, Hkv=Hkv, world=world) + "; then c_proj.weight = 0"
         ranks = learner.ranks(world)
-        outs, _ = forward_all(ranks, build(ranks, sd, H, Hkv, world), x)
+        outs, _ = forward_all(ranks, build(ranks, sd, H, Hkv, world), x, call=call, case=case)
         diagnose = lambda: bugs.match(tuple(outs), lambda impl: simulate(impl.TensorParallelAttention, sd, H, Hkv,
                                                                           world, x)[0], **kata.tolerance("float32"))
+        returned(outs, call, case, diagnose)
         for rank, got in enumerate(outs):
             expect.array(got, sd["c_proj.bias"].expand(B, T, d), call=f"{call}: rank {rank}'s output", case=case,
                          what=f"rank {rank}'s output", against="c_proj.bias at every position, once",

@@ -10,7 +10,7 @@ import torch
 
 # The output divided inside the key loop by the running sum so far: how much of what acc held it
 # keeps when a tile is added (right: l_old * alpha / l_new), the new tile's p v divided by l_new.
-IN_LOOP = ("divide-every-block", "drop-correction", "divide-tile-by-sum")
+IN_LOOP = ("divide-every-block", "drop-correction", "divide-tile-by-sum", "add-tile-over-sum")
 
 
 def _tiled(q, k, v, block_q, block_k, causal, mistake):
@@ -65,9 +65,11 @@ def _tiled(q, k, v, block_q, block_k, causal, mistake):
                 l, acc = alpha * l + p.sum(dim=-1), acc + pv
             elif mistake in IN_LOOP:
                 # FlashAttention-1 keeps acc normalised: acc_new = (l_old * alpha * acc + pv) / l_new. These
-                # drop l_old, drop l_old * alpha, or divide only the new tile's p v by the sum so far.
+                # drop l_old, drop l_old * alpha, or divide only the new tile's p v by the sum so far,
+                # rescaling what acc held by alpha or keeping it as it was.
                 l = alpha * l + p.sum(dim=-1)
-                kept = {"divide-every-block": alpha / l, "drop-correction": 1 / l, "divide-tile-by-sum": alpha}[mistake]
+                kept = {"divide-every-block": alpha / l, "drop-correction": 1 / l, "divide-tile-by-sum": alpha,
+                        "add-tile-over-sum": torch.ones_like(l)}[mistake]
                 acc = kept[..., None] * acc + pv / l[..., None]
             elif mistake == "softmax-per-block":   # each tile's own softmax, the tiles' outputs added up
                 l = alpha * l + p.sum(dim=-1)
@@ -153,6 +155,11 @@ def divides_each_tile_by_the_sum_so_far(q, k, v, block_q=64, block_k=64, causal=
     return out, lse
 
 
+def adds_each_tile_over_the_sum_so_far(q, k, v, block_q=64, block_k=64, causal=False):
+    out, lse, _, _ = _tiled(q, k, v, block_q, block_k, causal, "add-tile-over-sum")   # acc + pv / l_new
+    return out, lse
+
+
 def softmax_per_block(q, k, v, block_q=64, block_k=64, causal=False):
     out, lse, _, _ = _tiled(q, k, v, block_q, block_k, causal, "softmax-per-block")
     return out, lse
@@ -188,7 +195,8 @@ BUGS = {
                                      {"flash_attention": floor_divides_the_key_blocks}],
     "normalise-per-block": [{"flash_attention": divides_every_block}, {"flash_attention": softmax_per_block},
                             {"flash_attention": drops_the_correction},
-                            {"flash_attention": divides_each_tile_by_the_sum_so_far}],
+                            {"flash_attention": divides_each_tile_by_the_sum_so_far},
+                            {"flash_attention": adds_each_tile_over_the_sum_so_far}],
     "lse-missing-max": {"flash_attention": lse_without_the_max},
     "mask-top-left-aligned": {"flash_attention": top_left_causal},
     "banned-api": {"flash_attention": banned_api},

@@ -33,10 +33,11 @@ class Preallocated(KVCache):
         return self.pos
 
 
-# --- cache-top-left-causal --------------------------------------------------------------------
+# --- mask-top-left-aligned --------------------------------------------------------------------
 
-def forward_with_mask(m, x, cache, start_pos, mask):
-    """The reference's forward with ``mask(T, Tk, device)`` (True = may attend, or None) for its causal mask."""
+def forward_with_mask(m, x, cache, start_pos, mask, repeat=lambda t, n: t.repeat_interleave(n, dim=1)):
+    """The reference's forward with ``mask(T, Tk, device)`` (True = may attend, or None) for its causal
+    mask, and ``repeat(t, n_rep)`` for its grouping of the KV heads."""
     cached = 0 if cache is None else len(cache)
     if start_pos != cached:
         raise ValueError(f"start_pos is {start_pos}, but the cache holds {cached} tokens")
@@ -47,7 +48,7 @@ def forward_with_mask(m, x, cache, start_pos, mask):
     if cache is not None:
         k, v = cache.append(k, v)
     Tk = k.shape[2]
-    k, v = k.repeat_interleave(m.n_rep, dim=1), v.repeat_interleave(m.n_rep, dim=1)
+    k, v = repeat(k, m.n_rep), repeat(v, m.n_rep)   # (B, H, Tk, hd)
     att = (q @ k.transpose(-2, -1)) * m.scale
     allowed = mask(T, Tk, x.device)
     if allowed is not None:
@@ -69,6 +70,25 @@ class TopLeftCausalButOneToken(GroupedQueryAttention):
         # Llama's "no mask for a single token" is right; the chunk's mask is still top-left.
         return forward_with_mask(self, x, cache, start_pos, lambda T, Tk, device: None if T == 1 else
                                  torch.ones(T, Tk, dtype=torch.bool, device=device).tril())
+
+
+# --- kv-repeat-tiled -------------------------------------------------------------------------
+
+def bottom_right(T, Tk, device):
+    return torch.ones(T, Tk, dtype=torch.bool, device=device).tril(Tk - T)
+
+
+class RepeatTiled(GroupedQueryAttention):
+    def forward(self, x, cache=None, start_pos=0):
+        # `repeat` tiles the heads, [kv0, kv1, kv0, kv1, ...]: query head j reads KV head j % n_kv_heads
+        return forward_with_mask(self, x, cache, start_pos, bottom_right, repeat=lambda t, n: t.repeat(1, n, 1, 1))
+
+
+class ExpandTiled(GroupedQueryAttention):
+    def forward(self, x, cache=None, start_pos=0):
+        # Llama's repeat_kv with the new axis before the KV heads': (B, n_rep, Hkv, T, hd) merged, tiled too
+        return forward_with_mask(self, x, cache, start_pos, bottom_right, repeat=lambda t, n: t[:, None].expand(
+            t.shape[0], n, *t.shape[1:]).reshape(t.shape[0], n * t.shape[1], *t.shape[2:]))
 
 
 # --- causal-mask-off-by-one -------------------------------------------------------------------
@@ -123,6 +143,22 @@ class StoresRepeatedKv(GroupedQueryAttention):
         att = att.masked_fill(~allowed, float("-inf"))
         y = F.softmax(att, dim=-1) @ v
         return self.o_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class PreallocatedByIndex(Preallocated):
+    """gpt-fast's cache, right: the positions a write covers taken as an index, and the position
+    moved on before the write."""
+
+    def append(self, k, v):
+        B, H, t, hd = k.shape
+        if self.k is None:
+            self.k = k.new_zeros(B, H, MAX_LEN, hd)
+            self.v = v.new_zeros(B, H, MAX_LEN, hd)
+        input_pos = torch.arange(self.pos, self.pos + t, device=k.device)   # (t,)
+        self.pos += t
+        self.k[:, :, input_pos] = k
+        self.v[:, :, input_pos] = v
+        return self.k[:, :, :self.pos], self.v[:, :, :self.pos]
 
 
 # --- position-not-advanced --------------------------------------------------------------------
@@ -273,9 +309,11 @@ class BannedApi(GroupedQueryAttention):
 
 
 BUGS = {
-    "cache-top-left-causal": [{"GroupedQueryAttention": TopLeftCausal},
+    "mask-top-left-aligned": [{"GroupedQueryAttention": TopLeftCausal},
                               {"GroupedQueryAttention": TopLeftCausalButOneToken}],
-    "cache-stores-repeated-kv": {"GroupedQueryAttention": StoresRepeatedKv},
+    "kv-repeat-tiled": [{"GroupedQueryAttention": RepeatTiled}, {"GroupedQueryAttention": ExpandTiled}],
+    "cache-stores-repeated-kv": [{"GroupedQueryAttention": StoresRepeatedKv},
+                                 {"GroupedQueryAttention": StoresRepeatedKv, "KVCache": PreallocatedByIndex}],
     "causal-mask-off-by-one": {"GroupedQueryAttention": MaskSeesNextToken},
     "square-chunk-mask": [{"GroupedQueryAttention": SquareChunkMask},
                           {"GroupedQueryAttention": SquareChunkMaskPadded}],

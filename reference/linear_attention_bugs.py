@@ -40,6 +40,23 @@ def step_phi_on_values(q, k, v, state=None):
     return linear_attention_step(q, k, elu_feature_map(v), state)
 
 
+def _read_before_update(q, k, v, state, eps):
+    phi_q = elu_feature_map(q)
+    S, z = (k.new_zeros(*k.shape, v.size(-1)), torch.zeros_like(k)) if state is None else state
+    out = (phi_q[..., None, :] @ S).squeeze(-2) / ((phi_q * z).sum(dim=-1, keepdim=True) + eps)   # S_{t-1}, z_{t-1}
+    return out, linear_attention_step(q, k, v, state)[1]   # the state updated right, after the readout
+
+
+def step_output_before_update(q, k, v, state=None):
+    """The output read before this token is added to (S, z), as an RNN cell reads h_{t-1}: from
+    state=None the first token reads empty sums (0 / 0, NaN), and every later one misses itself."""
+    return _read_before_update(q, k, v, state, 0.0)
+
+
+def step_output_before_update_eps(q, k, v, state=None):
+    return _read_before_update(q, k, v, state, 1e-6)   # fast-transformers' eps: 0, not NaN, at the first token
+
+
 def step_kv_cache_as_state(q, k, v, state=None):
     """The state is every key and value so far, (K (B, H, t, d), V (B, H, t, dv)): a KV cache, from
     which each step recomputes the sums. Right outputs, and a state that grows by a token a step."""
@@ -66,6 +83,8 @@ BUGS = {
                        {"linear_attention": attention_normaliser_sums_every_key}],
     "feature-map-on-values": [{"linear_attention": attention_phi_on_values, "linear_attention_step": step_phi_on_values},
                               {"linear_attention_step": step_phi_on_values}],
+    "step-output-before-update": [{"linear_attention_step": step_output_before_update},
+                                  {"linear_attention_step": step_output_before_update_eps}],
     "state-grows-with-t": [{"linear_attention_step": step_kv_cache_as_state},
                            {"linear_attention_step": step_keeps_every_token}],
 }

@@ -6,10 +6,11 @@ import torch.nn.functional as F
 from reference.mla import MultiHeadLatentAttention, apply_rope
 
 
-def attend(m, q_nope, q_rope, c_kv, k_rope, absorb, *, w_uk=None, w_uv_t=None):
+def attend(m, q_nope, q_rope, c_kv, k_rope, absorb, *, w_uk=None, w_uv_t=None, top_left=False):
     """The reference's attention over a latent cache, (B, T, d_model): naive (keys and values
     up-projected from c_kv) or absorbed, with the per-head factors ``w_uk`` (H, nope, r) and
-    ``w_uv_t`` (H, r, v) the absorbed path uses (the right ones unless a bug gives its own)."""
+    ``w_uv_t`` (H, r, v) the absorbed path uses (the right ones unless a bug gives its own), and
+    the causal mask aligned bottom-right (top-left where a bug says ``top_left``)."""
     B, T, H, _ = q_nope.shape
     nope, vd, r, Tk = m.qk_nope_dim, m.v_dim, m.kv_lora_rank, c_kv.shape[1]
     w = m.wkv_b.weight.view(H, nope + vd, r)
@@ -21,7 +22,7 @@ def attend(m, q_nope, q_rope, c_kv, k_rope, absorb, *, w_uk=None, w_uv_t=None):
     else:
         kv = F.linear(c_kv, m.wkv_b.weight).view(B, Tk, H, nope + vd)
         scores = scores + torch.einsum("bthd,bshd->bhts", q_nope, kv[..., :nope])
-    allowed = torch.ones(T, Tk, dtype=torch.bool, device=c_kv.device).tril(Tk - T)
+    allowed = torch.ones(T, Tk, dtype=torch.bool, device=c_kv.device).tril(0 if top_left else Tk - T)
     att = F.softmax((scores * m.scale).masked_fill(~allowed, float("-inf")), dim=-1)
     if absorb:
         o = torch.einsum("bthc,hcd->bthd", torch.einsum("bhts,bsc->bthc", att, c_kv), w_uv_t)
@@ -30,23 +31,25 @@ def attend(m, q_nope, q_rope, c_kv, k_rope, absorb, *, w_uk=None, w_uv_t=None):
     return m.wo(o.reshape(B, T, H * vd))
 
 
-def queries(m, x, positions):
-    """q_nope (B, T, H, nope) and the rotated q_rope (B, T, H, rope), as the reference makes them."""
+def queries(m, x, positions, rope=apply_rope):
+    """q_nope (B, T, H, nope) and the rotated q_rope (B, T, H, rope), as the reference makes them
+    (``rope`` the rotation, the reference's unless a bug gives its own)."""
     B, T, _ = x.shape
     q = m.wq(x).view(B, T, m.n_heads, m.qk_nope_dim + m.qk_rope_dim)
-    return q[..., :m.qk_nope_dim], apply_rope(q[..., m.qk_nope_dim:], positions)
+    return q[..., :m.qk_nope_dim], rope(q[..., m.qk_nope_dim:], positions)
 
 
-def latent_forward(m, x, cache, absorb, down, **factors):
-    """The reference's forward with ``down(m, x, positions) -> (c_kv, k_rope)`` making what is cached."""
+def latent_forward(m, x, cache, absorb, down, rope=apply_rope, **options):
+    """The reference's forward with ``down(m, x, positions) -> (c_kv, k_rope)`` making what is
+    cached, ``rope`` rotating the queries, and ``options`` for ``attend``."""
     B, T, _ = x.shape
     past = 0 if cache is None else cache[0].shape[1]
     positions = torch.arange(past, past + T, device=x.device)
-    q_nope, q_rope = queries(m, x, positions)
+    q_nope, q_rope = queries(m, x, positions, rope)
     c_kv, k_rope = down(m, x, positions)
     if cache is not None:
         c_kv, k_rope = torch.cat([cache[0], c_kv], dim=1), torch.cat([cache[1], k_rope], dim=1)
-    return attend(m, q_nope, q_rope, c_kv, k_rope, absorb, **factors), (c_kv, k_rope)
+    return attend(m, q_nope, q_rope, c_kv, k_rope, absorb, **options), (c_kv, k_rope)
 
 
 def right_down(m, x, positions):
@@ -72,6 +75,24 @@ class RotatesBeforeSplit(MultiHeadLatentAttention):
             # RoPE on wkv_a's whole output, [c_kv | k_rope] as one vector of r + rope dims, then split
             return apply_rope(m.wkv_a(x), positions).split([m.kv_lora_rank, m.qk_rope_dim], dim=-1)
         return latent_forward(self, x, cache, absorb, down)
+
+
+# --- rope-half-vs-interleaved ------------------------------------------------------------------
+
+def rope_on_halves(x, positions):
+    """Hugging Face's rotate_half pairing: dimension i turned with dimension i + dim/2 (by the same
+    angle p·θ_i), where the kata pairs x[2i] with x[2i+1]."""
+    dim = x.shape[-1]
+    interleaved = x.unflatten(-1, (2, dim // 2)).transpose(-1, -2).flatten(-2)   # (x0, x_{d/2}, x1, ...)
+    return apply_rope(interleaved, positions).unflatten(-1, (dim // 2, 2)).transpose(-1, -2).flatten(-2)
+
+
+class RotatesHalves(MultiHeadLatentAttention):
+    def forward(self, x, cache=None, absorb=False):
+        def down(m, x, positions):
+            c_kv, k_rope = m.wkv_a(x).split([m.kv_lora_rank, m.qk_rope_dim], dim=-1)
+            return c_kv, rope_on_halves(k_rope, positions)
+        return latent_forward(self, x, cache, absorb, down, rope=rope_on_halves)
 
 
 # --- per-head-rope-key-cached -----------------------------------------------------------------
@@ -136,6 +157,27 @@ class CachesUpProjectedKeys(MultiHeadLatentAttention):
         return up_projected(self, x, cache)
 
 
+class CachesWkvBOutput(MultiHeadLatentAttention):
+    def forward(self, x, cache=None, absorb=False):
+        # wkv_b(c_kv) cached where c_kv belongs: every head's k_nope and value, (B, t, H·(nope + v))
+        B, T, _ = x.shape
+        H, nope, vd = self.n_heads, self.qk_nope_dim, self.v_dim
+        past = 0 if cache is None else cache[0].shape[1]
+        positions = torch.arange(past, past + T, device=x.device)
+        q_nope, q_rope = queries(self, x, positions)
+        c_kv, k_rope = right_down(self, x, positions)
+        kv = self.wkv_b(c_kv)   # (B, T, H·(nope + v))
+        if cache is not None:
+            kv, k_rope = torch.cat([cache[0], kv], dim=1), torch.cat([cache[1], k_rope], dim=1)
+        Tk = kv.shape[1]
+        k_nope, v = kv.view(B, Tk, H, nope + vd).split([nope, vd], dim=-1)
+        scores = torch.einsum("bthd,bsd->bhts", q_rope, k_rope) + torch.einsum("bthd,bshd->bhts", q_nope, k_nope)
+        allowed = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)
+        att = F.softmax((scores * self.scale).masked_fill(~allowed, float("-inf")), dim=-1)
+        o = torch.einsum("bhts,bshd->bthd", att, v)
+        return self.wo(o.reshape(B, T, H * vd)), (kv, k_rope)
+
+
 class CachesUpProjectedNope(MultiHeadLatentAttention):
     def forward(self, x, cache=None, absorb=False):
         # the shared rope key is cached right, but beside it the up-projected k_nope of every head
@@ -188,6 +230,15 @@ class AbsorbIgnored(MultiHeadLatentAttention):
         return super().forward(x, cache, absorb=False)
 
 
+# --- mask-top-left-aligned ---------------------------------------------------------------------
+
+class MaskTopLeft(MultiHeadLatentAttention):
+    def forward(self, x, cache=None, absorb=False):
+        # tril() without the cache's offset: query i sees keys 0 .. i as if it sat at position i, so
+        # a decoded token sees only key 0. Without a cache (T == Tk) both alignments agree.
+        return latent_forward(self, x, cache, absorb, right_down, top_left=True)
+
+
 # --- the cache-size functions -----------------------------------------------------------------
 
 def latent_counted_twice(kv_lora_rank, qk_rope_dim, n_layers=1, dtype_bytes=2):
@@ -208,13 +259,16 @@ def kv_missing_factor(n_kv_heads, head_dim, n_layers=1, dtype_bytes=2):
 BUGS = {
     "rope-on-latent": [{"MultiHeadLatentAttention": RotatesLatent},
                        {"MultiHeadLatentAttention": RotatesBeforeSplit}],
+    "rope-half-vs-interleaved": {"MultiHeadLatentAttention": RotatesHalves},
     "per-head-rope-key-cached": [{"MultiHeadLatentAttention": CachesExpandedRopeKey},
                                  {"MultiHeadLatentAttention": CachesRopeKeyPerHeadFirst}],
     "cache-holds-up-projected-keys": [{"MultiHeadLatentAttention": CachesUpProjectedKeys},
-                                      {"MultiHeadLatentAttention": CachesUpProjectedNope}],
+                                      {"MultiHeadLatentAttention": CachesUpProjectedNope},
+                                      {"MultiHeadLatentAttention": CachesWkvBOutput}],
     "absorbed-factor-transposed": [{"MultiHeadLatentAttention": UvReshapedNotTransposed},
                                    {"MultiHeadLatentAttention": UkReshapedNotTransposed}],
     "absorbed-up-projects-cache": {"MultiHeadLatentAttention": AbsorbIgnored},
+    "mask-top-left-aligned": {"MultiHeadLatentAttention": MaskTopLeft},
     "latent-counted-twice": [{"mla_cache_bytes_per_token": latent_counted_twice},
                              {"mla_cache_bytes_per_token": latent_counted_twice_rope_once}],
     "kv-cache-missing-kv-factor": {"kv_cache_bytes_per_token": kv_missing_factor},

@@ -158,6 +158,19 @@ class SlotFromCacheWideCount(_Cache):
         self.v_cache[blocks, slots] = v.to(self.v_cache.dtype)
 
 
+class SlotMappingFromBatchPosition(SlotFromCacheWideCount):
+    def write(self, table, pos, k, v):
+        # vLLM's slot mapping, table[p // block_size] * block_size + p % block_size, with p the token's
+        # index among every token the cache was given (a batch-wide position), not its position in its
+        # own sequence: right for one sequence alone; with two, a wrong block, a wrong slot, or past
+        # the end of the table.
+        p = torch.arange(self.tokens_written, self.tokens_written + len(pos))
+        self.tokens_written += len(pos)
+        flat = torch.tensor(table, dtype=torch.long)[p // self.block_size] * self.block_size + p % self.block_size
+        self.k_cache.flatten(0, 1)[flat] = k.to(self.k_cache.dtype)   # a view: writes the pool
+        self.v_cache.flatten(0, 1)[flat] = v.to(self.v_cache.dtype)
+
+
 class GatherFlatPosition(_Cache):
     def gather(self, seq_id):
         # position p read from slot p of the flat pool, as if the sequence's blocks were the pool's
@@ -224,6 +237,36 @@ class CopyButWriteTheOld(_Cache):
         self.seq_lens[seq_id] = L + t
 
 
+# --- kv-repeat-tiled ---------------------------------------------------------------------------
+
+def paged_attention_kv_tiled(q, cache, seq_ids):
+    B, H, hd = q.shape
+    outs = []
+    for b, seq_id in enumerate(seq_ids):
+        k, v = cache.gather(seq_id)   # (L, Hkv, hd) each
+        n_rep = H // k.shape[1]
+        # repeat tiles the heads, [kv0, kv1, kv0, kv1]: query head j reads KV head j % Hkv, not j // n_rep
+        k = k.transpose(0, 1).repeat(n_rep, 1, 1).to(q.dtype)   # (H, L, hd)
+        v = v.transpose(0, 1).repeat(n_rep, 1, 1).to(q.dtype)   # (H, L, hd)
+        scores = (k @ q[b].unsqueeze(-1)).squeeze(-1) / math.sqrt(hd)   # (H, L)
+        outs.append(torch.softmax(scores, dim=-1).unsqueeze(1) @ v)   # (H, 1, hd)
+    return torch.cat(outs, dim=1).transpose(0, 1)   # (B, H, hd)
+
+
+# --- fork-aliases-block-table ----------------------------------------------------------------
+
+class ForkSharesTheTableList(_Cache):
+    def fork(self, src, dst):
+        if dst in self.block_tables:
+            raise ValueError(f"sequence {dst} exists already")
+        for block in self.block_tables[src]:
+            self.allocator.incref(block)
+        # src's own list, not a copy: append grows and rewrites a table in place, so every change to
+        # one sequence's table (a new block, the copy of a shared one) is the other's too.
+        self.block_tables[dst] = self.block_tables[src]
+        self.seq_lens[dst] = self.seq_lens[src]
+
+
 # --- banned-api -------------------------------------------------------------------------------
 
 def sdpa_paged_attention(q, cache, seq_ids):
@@ -246,8 +289,11 @@ BUGS = {
                                       {"PagedKVCache": ForkWithoutIncref}],
     "slot-from-global-position": [{"PagedKVCache": SlotFromCacheWideCount}, {"PagedKVCache": GatherFlatPosition},
                                   {"PagedKVCache": WriteAtSequenceStartPlusPosition},
-                                  {"PagedKVCache": SlotMappingFromFirstBlock}],
+                                  {"PagedKVCache": SlotMappingFromFirstBlock},
+                                  {"PagedKVCache": SlotMappingFromBatchPosition}],
     "shared-block-written-in-place": [{"PagedKVCache": NoCopyOnWrite}, {"PagedKVCache": CopyButWriteTheOld}],
+    "fork-aliases-block-table": {"PagedKVCache": ForkSharesTheTableList},
+    "kv-repeat-tiled": {"paged_attention": paged_attention_kv_tiled},
     "banned-api": {"paged_attention": sdpa_paged_attention},
 }
 

@@ -68,6 +68,15 @@ def mfu_2n(tokens_per_s, N, L, T, d, peak_flops_per_s):
     return tokens_per_s * (2 * N + 12 * L * T * d) / peak_flops_per_s
 
 
+# attention-flops-once: Q @ Kᵀ and weights @ V counted as one matmul of 2·T·d per layer and token.
+def train_flops_per_token_attention_once(N, L, T, d):
+    return 6 * N + 6 * L * T * d                 # 3 x (2 * T * d), where the forward does 2 * T * d twice
+
+
+def mfu_attention_once(tokens_per_s, N, L, T, d, peak_flops_per_s):
+    return tokens_per_s * train_flops_per_token_attention_once(N, L, T, d) / peak_flops_per_s
+
+
 # bits-for-bytes: a dtype's bit width where its bytes are meant.
 def dtype_bytes_bits(dtype):
     bits = {"fp32": 32, "float32": 32, "bf16": 16, "bfloat16": 16, "fp16": 16, "float16": 16,
@@ -110,6 +119,7 @@ BUGS = {
         {"train_flops_per_token": train_flops_per_token_forward_only},
         {"train_flops_per_token": train_flops_per_token_kaplan_forward},
     ],
+    "attention-flops-once": {"train_flops_per_token": train_flops_per_token_attention_once, "mfu": mfu_attention_once},
     "bits-for-bytes": [
         {"dtype_bytes": dtype_bytes_bits},
         {"dtype_bytes": dtype_bytes_int4_as_4},

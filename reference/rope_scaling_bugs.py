@@ -57,6 +57,18 @@ def rope_attention_temperature_on_output(q, k, v, cos, sin, attention_factor=1.0
     return (att @ v) * attention_factor ** 2   # 1/t after the softmax: the values scaled, not the logits
 
 
+def rope_attention_rotate_half(q, k, v, cos, sin, attention_factor=1.0):
+    T, hd = q.shape[-2], q.shape[-1]
+    # Hugging Face's rotate_half: pairs (x[i], x[i + hd/2]), each pair's angle repeated over both halves
+    c, s = torch.cat([cos, cos], dim=-1).to(q.dtype), torch.cat([sin, sin], dim=-1).to(q.dtype)   # (T, hd)
+    half = lambda x: torch.cat([-x[..., hd // 2:], x[..., :hd // 2]], dim=-1)   # (B, H, T, hd)
+    q, k = q * c + half(q) * s, k * c + half(k) * s
+    att = (q @ k.transpose(-2, -1)) * (attention_factor ** 2 / math.sqrt(hd))
+    allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    att = F.softmax(att.masked_fill(~allowed, float("-inf")), dim=-1)
+    return att @ v
+
+
 def llama3_inv_freq_wavelengths_swapped(head_dim, base, factor, original_max_len, low_freq_factor=1.0,
                                         high_freq_factor=4.0):
     theta = rope_inv_freq(head_dim, base)
@@ -98,6 +110,7 @@ BUGS = {
                            {"yarn_inv_freq": yarn_inv_freq_betas_swapped}],
     "temperature-on-values": [{"rope_attention": rope_attention_temperature_on_values},
                               {"rope_attention": rope_attention_temperature_on_output}],
+    "rope-half-vs-interleaved": {"rope_attention": rope_attention_rotate_half},
     "llama3-bounds-swapped": [{"llama3_inv_freq": llama3_inv_freq_wavelengths_swapped},
                               {"llama3_inv_freq": llama3_inv_freq_loop_wavelengths_swapped},
                               {"llama3_inv_freq": llama3_inv_freq_factors_swapped}],

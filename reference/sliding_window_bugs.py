@@ -79,6 +79,18 @@ class RollingKVCacheSlotOrderCut(RollingKVCache):
         return held[..., held.size(-2) - n:, :]   # its last n slots, not its last n tokens
 
 
+class RollingKVCacheWholeBuffer(RollingKVCache):
+    def append(self, k, v):
+        held = 0 if self.k is None else min(self.seen, self.window)
+        k_held = None if self.k is None else self.k[..., :held, :].clone()   # every slot, as it lies in memory
+        v_held = None if self.v is None else self.v[..., :held, :].clone()
+        super().append(k, v)
+        if k_held is None:
+            return k, v
+        # the chunk after the whole buffer: one token too old, which the band mask drops, and slot order
+        return torch.cat([k_held, k], dim=-2), torch.cat([v_held, v], dim=-2)
+
+
 class RollingKVCacheBufferNewestFirst(RollingKVCache):
     def _last(self, buffer, n):
         slots = torch.arange(self.seen - 1, self.seen - 1 - n, -1, device=buffer.device) % self.window
@@ -150,6 +162,7 @@ BUGS = {
     "mask-top-left-aligned": {"sliding_window_mask": mask_top_left, "sliding_window_attention": attention_top_left},
     "rolling-buffer-order": [{"RollingKVCache": RollingKVCacheSlotOrder},
                              {"RollingKVCache": RollingKVCacheSlotOrderCut},
+                             {"RollingKVCache": RollingKVCacheWholeBuffer},
                              {"RollingKVCache": RollingKVCacheBufferNewestFirst},
                              {"RollingKVCache": RollingKVCacheNewestFirst}],
     "rolling-buffer-overwritten": [{"RollingKVCache": RollingKVCacheWritesFirst},

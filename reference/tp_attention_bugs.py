@@ -154,6 +154,57 @@ class BiasAddedThenReduced(TensorParallelAttention):
         return out
 
 
+# --- all-reduce-result-assigned: all_reduce's return value taken for the sum (it returns None) ---
+
+class ResultAssigned(TensorParallelAttention):
+    def forward(self, x):
+        y = attend(self.c_attn(x), self.n_heads, self.n_kv_heads, self.head_dim)
+        out = F.linear(y, self.c_proj.weight, self.c_proj.bias if dist.get_rank() == 0 else None)
+        out = dist.all_reduce(out)   # sums out in place and returns None
+        return out
+
+
+# --- all-reduce-averaged: the shares averaged (ReduceOp.AVG) where they must be summed ---
+
+class Averaged(TensorParallelAttention):
+    def forward(self, x):
+        y = attend(self.c_attn(x), self.n_heads, self.n_kv_heads, self.head_dim)
+        out = y @ self.c_proj.weight.T
+        dist.all_reduce(out, op=dist.ReduceOp.AVG)   # the sum divided by world_size
+        return out + self.c_proj.bias
+
+
+class AveragedBiasOnRankZero(TensorParallelAttention):
+    """vLLM's bias on rank 0 before the all-reduce, then averaged: the bias divided by world_size too."""
+
+    def forward(self, x):
+        y = attend(self.c_attn(x), self.n_heads, self.n_kv_heads, self.head_dim)
+        out = F.linear(y, self.c_proj.weight, self.c_proj.bias if dist.get_rank() == 0 else None)
+        dist.all_reduce(out, op=dist.ReduceOp.AVG)
+        return out
+
+
+# --- all-reduce-not-waited: an async all-reduce whose work is never waited on ---
+
+class NotWaited(TensorParallelAttention):
+    def forward(self, x):
+        y = attend(self.c_attn(x), self.n_heads, self.n_kv_heads, self.head_dim)
+        out = y @ self.c_proj.weight.T
+        dist.all_reduce(out, async_op=True)   # the work handle dropped: out is read before the sum lands
+        return out + self.c_proj.bias
+
+
+# --- collective-on-some-ranks: a collective that not every rank calls ---
+
+class ReducedOnRankZero(TensorParallelAttention):
+    def forward(self, x):
+        y = attend(self.c_attn(x), self.n_heads, self.n_kv_heads, self.head_dim)
+        out = y @ self.c_proj.weight.T
+        if dist.get_rank() == 0:   # rank 0 waits for ranks that never call it
+            dist.all_reduce(out)
+        return out + self.c_proj.bias
+
+
 BUGS = {
     "all-reduce-after-qkv": [{"TensorParallelAttention": QkvSummed},
                              {"TensorParallelAttention": QkvRowParallel},
@@ -163,4 +214,9 @@ BUGS = {
                               {"shard_qkv": shard_qkv_grouped, "TensorParallelAttention": GroupedShard}],
     "bias-before-all-reduce": [{"TensorParallelAttention": BiasInLinear},
                                {"TensorParallelAttention": BiasAddedThenReduced}],
+    "all-reduce-result-assigned": {"TensorParallelAttention": ResultAssigned},
+    "all-reduce-averaged": [{"TensorParallelAttention": Averaged},
+                            {"TensorParallelAttention": AveragedBiasOnRankZero}],
+    "all-reduce-not-waited": {"TensorParallelAttention": NotWaited},
+    "collective-on-some-ranks": {"TensorParallelAttention": ReducedOnRankZero},
 }

@@ -25,7 +25,7 @@ LATE = {
     "mha-by-loop": ("function_only__no-causal-mask", 3),
     "cross-attention": ("annotated_transformer__padding-on-queries", 3),
     "positional-encoding": ("bloom_hf__alibi-sign", 4),
-    "kv-cache": ("nanogpt_tuple__cache-top-left-causal", 4),
+    "kv-cache": ("nanogpt_tuple__mask-top-left-aligned", 4),
     "flash-tiling": ("triton_tutorial__causal-block-skip-off-by-one", 4),
     "rope": ("lucidrains__rope-on-values", 3),
     "attention-backward": ("einsum__mask-top-left-aligned", 4),

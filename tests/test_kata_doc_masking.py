@@ -146,3 +146,23 @@ def test_the_plot_shows_the_block_diagonal_masks_and_positions_that_restart(tmp_
     assert (prefix & ~doc).any() and not (doc & ~prefix).any()   # the prefix only adds keys
     assert data["position_ids"] == position_ids(cu_seqlens).tolist()
     assert data["document_ids"] == document_ids(cu_seqlens).tolist()
+
+
+def test_masks_built_on_wrong_document_ids_blame_the_ids(grade_source):
+    """document_ids that mark each document's start and count the marks (Hugging Face's packing
+    collators) lose the empty documents: every later document takes the id of the one before, and
+    a prefix-LM mask that reads prefix_lens[ids] gets another document's prefix. The mask checks
+    must say the ids are wrong, not name a mask bug whose mask happens to be the same."""
+    source = REFERENCE + (
+        "def document_ids(cu_seqlens):\n"
+        "    T = int(cu_seqlens[-1])\n"
+        "    starts = torch.zeros(T, dtype=torch.long, device=cu_seqlens.device)\n"
+        "    starts[cu_seqlens[1:-1].long()] = 1\n"
+        "    return starts.cumsum(0)\n")
+    result = grade_source("doc-masking", source)
+    checks = checks_by_id(result)
+    assert checks["document-ids-values"]["status"] == "failed"
+    check = checks["prefix-lm-mask-values"]
+    assert check["status"] == "failed" and check["diagnosis"] is None
+    assert "document_ids" in check["message"]
+    assert "causal-over-prefix" not in result["diagnoses"]

@@ -209,3 +209,52 @@ def test_hidden_checks_fail_on_what_they_judge(grade_source):
     no_lse = SOLUTION.replace("    return out, lse\n", "    return out, lse * 0 if type(outs) is list and len(outs) == 2 else lse\n")
     got = failed(grade_source("flash-decoding", no_lse))
     assert "merges-compose" in got and "merge-equals-whole" not in got
+
+
+def test_splits_run_on_a_thread_pool_are_tampering(grade_source):
+    """The splits handed to a ThreadPoolExecutor, as a CPU port of the kernel's thread blocks: the
+    sandbox stops a worker that starts a thread, and the file's import of concurrent.futures is
+    what the kata does not allow, so the checks that judge the calls say tampering, at that cause."""
+    source = SOLUTION.replace("import math\n", "import math\nfrom concurrent.futures import ThreadPoolExecutor\n", 1)
+    loop = '''    outs, lses = [], []
+    start = 0
+    while len(outs) < n_splits:
+        out, lse = partial_attention(q, k[:, :, start:start + size], v[:, :, start:start + size])
+        outs.append(out)
+        lses.append(lse)
+        start += size
+'''
+    assert loop in source
+    source = source.replace(loop, '''    starts = [i * size for i in range(n_splits)]
+    with ThreadPoolExecutor(max_workers=n_splits) as pool:
+        parts = list(pool.map(lambda s: partial_attention(q, k[:, :, s:s + size], v[:, :, s:s + size]), starts))
+    outs, lses = [p[0] for p in parts], [p[1] for p in parts]
+''')
+    result = grade_source("flash-decoding", source)
+    lost = [c for c in result["checks"] if c["status"] != "passed"]
+    assert lost, result
+    for check in lost:   # each its own tampering, or the same cause as an earlier check's
+        assert check["diagnosis"] == "tampering" or check.get("same_cause_as"), (check["id"], check["message"])
+    assert result["diagnoses"] == ["tampering"]
+
+
+def test_chunk_products_joined_into_every_keys_scores_fail_the_chunk_check(grade_source):
+    """Each chunk's scores a product of its own, as the check counts them, then joined into the
+    scores of every key and normalised by one softmax: the splits are not attended apart."""
+    source = SOLUTION.replace('''    outs, lses = [], []
+    start = 0
+    while len(outs) < n_splits:
+        out, lse = partial_attention(q, k[:, :, start:start + size], v[:, :, start:start + size])
+        outs.append(out)
+        lses.append(lse)
+        start += size
+    return merge_partials(outs, lses)[0].to(q.dtype)
+''', '''    dtype, scale = torch.promote_types(q.dtype, torch.float32), 1 / math.sqrt(q.shape[-1])
+    qf, kf, vf = q.to(dtype), k.to(dtype), v.to(dtype)
+    s = torch.cat([qf @ kc.transpose(-2, -1) * scale for kc in kf.split(size, dim=-2)], dim=-1)   # (B, H, Tq, Tk)
+    return (torch.softmax(s, dim=-1) @ vf).to(q.dtype)
+''')
+    assert "torch.cat" in source
+    result = grade_source("flash-decoding", source)
+    assert failed(result) == {"splits-are-chunks": None}
+    assert "every key" in checks_by_id(result)["splits-are-chunks"]["message"]

@@ -274,7 +274,8 @@ def test_flash_attention_1s_in_loop_normalisation_passes_with_its_correction(gra
     '(r * acc + torch.einsum("...qk,...kd->...qd", p, v_blk)) / l',   # without l_old
     '(acc + torch.einsum("...qk,...kd->...qd", p, v_blk)) / l',   # without l_old * r: the whole correction
     'r * acc + torch.einsum("...qk,...kd->...qd", p, v_blk) / l',   # only the new tile divided, by the sum so far
-], ids=["without-l-old", "without-the-correction", "new-tile-divided"])
+    'acc + torch.einsum("...qk,...kd->...qd", p, v_blk) / l',   # out = out + p v_j / l_new: nothing corrected
+], ids=["without-l-old", "without-the-correction", "new-tile-divided", "tile-added-over-l-new"])
 def test_flash_attention_1s_in_loop_normalisation_without_its_correction_is_named(grade_source, new_acc):
     result = grade_source("flash-tiling", fa1(new_acc))
     got = failed(result)

@@ -326,14 +326,14 @@ def test_a_top_left_mask_is_named_when_decoding(grade_source):
     assert source != NANOGPT
     result = grade_source("kv-cache", source)
     checks = checks_by_id(result)
-    assert checks["decode-equals-full-forward"]["diagnosis"] == "cache-top-left-causal"
+    assert checks["decode-equals-full-forward"]["diagnosis"] == "mask-top-left-aligned"
     # The chunks and any schedule fail by the same mask: said once, where single tokens fail first.
     for check in ("chunked-prefill-bottom-right", "decodes-any-chunk-schedule"):
         assert checks[check]["same_cause_as"] == "decode-equals-full-forward", check
     # Without a cache T == Tk: both alignments agree.
     for check in ("full-forward-matches-sdpa", "cache-grows-by-t", "cache-holds-kv-heads", "banned-api"):
         assert checks[check]["status"] == "passed", check
-    assert result["diagnoses"] == ["cache-top-left-causal"]
+    assert result["diagnoses"] == ["mask-top-left-aligned"]
 
 
 def test_no_mask_for_one_token_and_top_left_for_a_chunk_fails_only_on_chunks(grade_source):
@@ -343,7 +343,7 @@ def test_no_mask_for_one_token_and_top_left_for_a_chunk_fails_only_on_chunks(gra
     assert source != SOLUTION
     result = grade_source("kv-cache", source)
     checks = checks_by_id(result)
-    assert checks["chunked-prefill-bottom-right"]["diagnosis"] == "cache-top-left-causal"
+    assert checks["chunked-prefill-bottom-right"]["diagnosis"] == "mask-top-left-aligned"
     assert checks["decode-equals-full-forward"]["status"] == "passed"
     assert checks["reset-starts-a-new-sequence"]["status"] == "passed"   # chunks of 3 and 2 from an empty cache
 
@@ -512,3 +512,59 @@ def test_a_float32_softmax_is_off_by_more_than_the_float64_tolerance():
     kata = find("kv-cache")
     assert expect.mismatch(got, sdpa_causal(sd, H, Hkv, x), **kata.tolerance("float64")) is not None
     assert expect.mismatch(got, sdpa_causal(sd, H, Hkv, x), **kata.tolerance("float32")) is None
+
+
+# gpt-fast's cache: a buffer allocated at the first append, written through an index of
+# positions that update() moves on before it writes (the caller's input_pos), and read up to it.
+GPT_FAST = SOLUTION.replace('''        t = k.shape[2]
+        if self.k is None or self.pos + t > self.k.shape[2]:''', '''        t = k.shape[2]
+        input_pos = torch.arange(self.pos, self.pos + t, device=k.device)
+        if self.k is None or self.pos + t > self.k.shape[2]:''').replace('''        self.k[:, :, self.pos:self.pos + t] = k
+        self.v[:, :, self.pos:self.pos + t] = v
+        self.pos += t
+''', '''        self.pos += t
+        self.k[:, :, input_pos] = k
+        self.v[:, :, input_pos] = v
+''')
+
+
+def test_repeated_heads_written_into_a_preallocated_cache_are_named(grade_source):
+    """GPT_FAST with the heads repeated before the write: the buffer holds n_heads heads. The
+    grader's token of n_kv_heads heads fails to broadcast into it, after the position has moved:
+    the cache the module filled cannot be read again, so a fresh one is filled to name the bug."""
+    assert GPT_FAST.count("input_pos") == 3
+    source = GPT_FAST.replace('''        k = self.k_proj(x).view(B, T, self.h_kv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.h_kv, self.hd).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        Tk = k.shape[2]
+        att = q @ k.unsqueeze(2).transpose(-2, -1) / math.sqrt(self.hd)
+''', '''        k = self.k_proj(x).view(B, T, self.h_kv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.h_kv, self.hd).transpose(1, 2)
+        k, v = k.repeat_interleave(self.h // self.h_kv, 1), v.repeat_interleave(self.h // self.h_kv, 1)
+        if cache is not None:
+            k, v = cache.append(k, v)   # (B, H, Tk, hd): the repeated heads
+        Tk = k.shape[2]
+        k = k.view(B, self.h_kv, self.h // self.h_kv, Tk, self.hd)[:, :, :1]   # one copy per group
+        v = v.view(B, self.h_kv, self.h // self.h_kv, Tk, self.hd)[:, :, :1]
+        att = q @ k.transpose(-2, -1) / math.sqrt(self.hd)
+''').replace("y = (att @ v.unsqueeze(2))", "y = (att @ v)")
+    assert source.count("repeat_interleave") == 2
+    result = grade_source("kv-cache", source)
+    check = checks_by_id(result)["cache-holds-kv-heads"]
+    assert check["diagnosis"] == "cache-stores-repeated-kv", check["message"]
+    assert failed(result) == ["cache-holds-kv-heads"]
+    assert result["diagnoses"] == ["cache-stores-repeated-kv"]
+
+
+def test_kv_heads_tiled_instead_of_interleaved_are_named_as_in_the_gqa_kata(grade_source):
+    """`.repeat(1, n_rep, 1, 1)` on the cached (B, n_kv_heads, Tk, hd): query head j reads KV head
+    j % n_kv_heads, the shared mistake kv-repeat-tiled, at every seed (the configurations' groups
+    of 3 over 2 KV heads show it by construction)."""
+    reference = find("kv-cache").reference_path.read_text()
+    source = reference.replace("repeat_interleave(self.n_rep, dim=1)", "repeat(1, self.n_rep, 1, 1)")
+    assert source.count("repeat(1, self.n_rep, 1, 1)") == 2
+    for seed in (1, 2, 3):
+        result = grade_source("kv-cache", source, seed=seed)
+        assert checks_by_id(result)["full-forward-matches-sdpa"]["diagnosis"] == "kv-repeat-tiled"
+        assert result["diagnoses"] == ["kv-repeat-tiled"]

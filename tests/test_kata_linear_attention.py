@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from conftest import checks_by_id
+from graders.engine.manifest import find
 from graders.linear_attention import trusted_decode
 from graders.linear_attention_hidden import fresh_sizes
+from graders.practice import hints
 from reference.linear_attention import elu_feature_map, linear_attention, linear_attention_step
 from reference.linear_attention_expected import feature_map, kernel_attention, running_sums
 
@@ -145,6 +147,40 @@ def test_phi_on_the_values_is_diagnosed_in_the_step(grade_source):
     assert checks["recurrent-equals-parallel"]["same_cause_as"] == "step-matches"
     assert {"noncausal-matches", "causal-matches"}.isdisjoint(failing(result))
     assert result["diagnoses"] == ["feature-map-on-values"]
+
+
+# The readout before the update, as an RNN cell reads h_{t-1}: token 0 reads empty sums (0/0, or
+# 0 where an eps guards the denominator), every later token misses its own key and value.
+READ_BEFORE_UPDATE = {
+    "no eps": """    S, z = state
+    out = torch.einsum("bhd,bhde->bhe", fq, S) / torch.einsum("bhd,bhd->bh", fq, z)[..., None]
+    S = S + fk[..., :, None] * v[..., None, :]
+    z = z + fk
+    return out, (S, z)
+""",
+    "eps": """    S, z = state
+    out = torch.einsum("bhd,bhde->bhe", fq, S) / (torch.einsum("bhd,bhd->bh", fq, z)[..., None] + 1e-6)
+    S = S + fk[..., :, None] * v[..., None, :]
+    z = z + fk
+    return out, (S, z)
+""",
+}
+
+
+@pytest.mark.parametrize("spelling", list(READ_BEFORE_UPDATE))
+def test_an_output_read_before_the_token_is_added_is_diagnosed(grade_source, spelling):
+    step = SOLUTION[SOLUTION.index("    S = state[0]"):]
+    result = grade_source("linear-attention", replace(SOLUTION, step, READ_BEFORE_UPDATE[spelling]))
+    checks = checks_by_id(result)
+    for check in ("constant-values-pass-through", "step-matches", "fresh-decode"):
+        assert checks[check]["diagnosis"] == "step-output-before-update", check
+    assert checks["recurrent-equals-parallel"]["same_cause_as"] == "step-matches"
+    assert {"noncausal-matches", "causal-matches"}.isdisjoint(failing(result))
+    assert result["diagnoses"] == ["step-output-before-update"]
+    # The first hint is the step's, not the non-causal form's that constant-values-pass-through also serves.
+    kata = find("linear-attention")
+    choice = hints.choose(kata, set(), hints.failed_checks(result))
+    assert kata.task_of(kata.hints[choice.index]) == 4 and "FIRST" in kata.hints[choice.index].text
 
 
 def test_s_laid_out_values_first_fails_on_its_shape(grade_source):

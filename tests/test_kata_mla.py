@@ -2,15 +2,17 @@
 failure path per check, and its independent expectation: every head's explicit keys and values
 through F.scaled_dot_product_attention, which the latent cache and the absorbed path must reproduce."""
 import numpy as np
+import pytest
 import torch
 
 from conftest import checks_by_id
 from graders.engine import expect
 from graders.engine.manifest import find
-from graders.mla import CONFIGS, cache_diagnosis, normal, trusted, up_projections, weights
+from graders.mla import CONFIGS, P_ABSORBED, cache_diagnosis, normal, per_head_cached, per_head_widths, trusted, \
+    weights
 from reference.mla import MultiHeadLatentAttention, kv_cache_bytes_per_token, mla_cache_bytes_per_token
 from reference.mla_bugs import CachesExpandedRopeKey, CachesRopeKeyPerHeadFirst, CachesUpProjectedKeys, \
-    CachesUpProjectedNope
+    CachesUpProjectedNope, CachesWkvBOutput
 from reference.mla_expected import keys_and_values, latent, sdpa_mla
 
 # Heads first, (B, H, T, dim), with matmul and an additive mask; RoPE on a (..., dim/2, 2) view.
@@ -127,26 +129,31 @@ def test_the_cache_diagnosis_reads_every_layout_of_the_bugs():
     rng = np.random.default_rng(2)
     B, d, H, *dims = CONFIGS[0]
     sd, x = weights(rng, d, H, *dims), normal(rng, B, 6, d)
-    keys, _ = keys_and_values(sd, H, tuple(dims), x)
+    keys, values = keys_and_values(sd, H, tuple(dims), x)
     for cls, code in ((CachesExpandedRopeKey, "per-head-rope-key-cached"),
                       (CachesRopeKeyPerHeadFirst, "per-head-rope-key-cached"),
                       (CachesUpProjectedKeys, "cache-holds-up-projected-keys"),
                       (CachesUpProjectedNope, "cache-holds-up-projected-keys"),
+                      (CachesWkvBOutput, "cache-holds-up-projected-keys"),
                       (MultiHeadLatentAttention, None)):
         with torch.no_grad():
             _, cache = module(sd, H, dims, cls)(x)
-        assert cache_diagnosis(tuple(t.contiguous() for t in cache), keys, H, dims, B, 6) == code, cls
+        assert cache_diagnosis(tuple(t.contiguous() for t in cache), keys, values, H, dims, B, 6) == code, cls
 
 
-def test_up_projections_are_products_of_the_rank_with_time_and_a_head_size():
-    r, Tk, sizes = 16, 7, {4, 5, 9, 12, 15, 27}
-    linear = {"name": "linear", "args": [{"shape": [2, Tk, r]}, {"shape": [27, r]}]}
-    scores = {"name": "einsum", "args": ["bthc,bsc->bhts", {"shape": [2, 1, 3, r]}, {"shape": [2, Tk, r]}]}
-    out = {"name": "einsum", "args": ["bthc,hdc->bthd", {"shape": [2, 1, 3, r]}, {"shape": [3, 5, r]}]}
-    flat = {"name": "mm", "args": [{"shape": [2 * Tk, r]}, {"shape": [r, 4]}]}   # one head, batch and time flattened
-    new = {"name": "linear", "args": [{"shape": [2, 1, r]}, {"shape": [27, r]}]}   # the new token's own keys
-    assert up_projections([linear, scores, out, flat, new], r, Tk, sizes, 2 * Tk * 4) == [f"linear -> (2, {Tk}, 27)",
-                                                                                     f"mm -> ({2 * Tk}, 4)"]
+def test_per_head_tensors_of_the_cache_are_found_by_their_axes_however_made():
+    B, d, H, r, nope, rope, v = CONFIGS[0]
+    n, widths = P_ABSORBED + 1, per_head_widths(H, nope, rope, v)
+    linear = {"name": "linear", "args": [{"shape": [B, n, r]}, {"shape": [27, r]}]}
+    scores = {"name": "einsum", "args": ["bthc,bsc->bhts", {"shape": [B, 1, H, r]}, {"shape": [B, n, r]}]}
+    out = {"name": "einsum", "args": ["bthc,hdc->bthd", {"shape": [B, 1, H, r]}, {"shape": [H, v, r]}]}
+    flat = {"name": "mm", "args": [{"shape": [B * n, r]}, {"shape": [r, nope]}]}   # one head, batch and time flattened
+    new = {"name": "linear", "args": [{"shape": [B, 1, r]}, {"shape": [27, r]}]}   # the new token's own keys
+    summed = {"name": "sum", "args": [{"shape": [B, n, H, nope, r]}, -1]}   # a broadcast product, summed over r
+    weights_ = {"name": "view", "args": [{"shape": [27, r]}, H, nope + v, r]}   # wkv_b's weight, no token axis
+    assert all(not {n * k for k in (1, B, H, B * H)} & {B, H, d, r, rope, *widths} for n in range(n, n + 3))
+    assert per_head_cached([linear, scores, out, flat, new, summed, weights_], B, H, n, widths) == [
+        f"linear -> ({B}, {n}, 27)", f"mm -> ({B * n}, {nope})", f"({B}, {n}, {H}, {nope}, {r}) given to sum"]
 
 
 def test_a_correct_solution_in_another_layout_passes(grade_source):
@@ -181,12 +188,14 @@ def test_a_latent_scale_on_the_absorbed_path_fails_only_absorption(grade_source)
     checks = checks_by_id(result)
     assert failed(result) == ["absorbed-equals-naive", "absorbed-fresh-configs"]
     assert "your module's own m(x), without a cache or absorption" in checks["absorbed-equals-naive"]["message"]
-    assert checks["absorbed-fresh-configs"]["same_cause_as"] == "absorbed-equals-naive"
+    # no mistake is named, so "same cause" is not claimed: the later check says the earlier one failed too
+    assert "same_cause_as" not in checks["absorbed-fresh-configs"]
+    assert "`absorbed-equals-naive`" in checks["absorbed-fresh-configs"]["message"]
 
 
 def test_rope_at_the_chunks_own_indices_fails_decoding(grade_source):
     """Each call rotates its tokens at 0..T-1, not at past..past+T-1: the full forward is right, the
-    cache's keys are turned at the wrong positions, and the absorbed checks say the same cause."""
+    cache's keys are turned at the wrong positions; the absorbed checks say that decoding failed too."""
     source = SOLUTION.replace("pos = torch.arange(past, past + T, device=x.device)",
                               "pos = torch.arange(T, device=x.device)")
     assert source != SOLUTION
@@ -195,7 +204,8 @@ def test_rope_at_the_chunks_own_indices_fails_decoding(grade_source):
     assert "full-forward-matches-reference" not in failed(result)
     assert checks["decode-equals-full-forward"]["status"] == "failed"
     for check in ("absorbed-equals-naive", "decodes-fresh-configs", "absorbed-fresh-configs"):
-        assert checks[check]["same_cause_as"] == "decode-equals-full-forward", check
+        assert "same_cause_as" not in checks[check], check   # no mistake named: no "same cause" claimed
+        assert "`decode-equals-full-forward`" in checks[check]["message"], check
 
 
 def test_the_naive_path_for_absorb_is_named_by_its_products(grade_source):
@@ -205,7 +215,7 @@ def test_the_naive_path_for_absorb_is_named_by_its_products(grade_source):
     result = grade_source("mla", source)
     check = checks_by_id(result)["absorbed-never-up-projects-cache"]
     assert check["diagnosis"] == "absorbed-up-projects-cache"
-    assert "linear -> (2, 6, 27)" in check["message"]
+    assert f"linear -> (2, {P_ABSORBED + 1}, 27)" in check["message"]
     assert failed(result) == ["absorbed-never-up-projects-cache"]
 
 
@@ -252,3 +262,63 @@ def test_a_nan_output_is_reported_as_nan():
     kata = find("mla")
     got = torch.full((2, 3), float("nan"), dtype=torch.float64)
     assert "NaN" in expect.mismatch(got, torch.zeros(2, 3, dtype=torch.float64), **kata.tolerance("float64"))
+
+
+# Absorbed paths that up-project every cached latent at each step with no matrix product the
+# recorder names: a broadcast multiply and a sum, and torch.tensordot. (B, S, H, dn): every cached key.
+ABSORBED_SCORES = "scores = (q_nope @ w[:, :self.dn]) @ c_kv[:, None].transpose(-1, -2) + rope_scores"
+UP_PROJECTED_ABSORBED = {
+    "broadcast-and-sum": "k_nope = (c_kv[..., None, None, :] * w[:, :self.dn]).sum(-1)",
+    "tensordot": "k_nope = torch.tensordot(c_kv, w[:, :self.dn], dims=([2], [2]))",
+}
+
+
+@pytest.mark.parametrize("spelling", UP_PROJECTED_ABSORBED)
+def test_an_absorbed_path_that_up_projects_without_a_matrix_product_is_named(grade_source, spelling):
+    source = SOLUTION.replace(ABSORBED_SCORES, f"{UP_PROJECTED_ABSORBED[spelling]}\n"
+                              "            scores = q_nope @ k_nope.permute(0, 2, 3, 1) + rope_scores")
+    assert source != SOLUTION
+    result = grade_source("mla", source)
+    assert failed(result) == ["absorbed-never-up-projects-cache"]
+    assert checks_by_id(result)["absorbed-never-up-projects-cache"]["diagnosis"] == "absorbed-up-projects-cache"
+
+
+def test_a_cache_of_wkv_b_outputs_is_named(grade_source):
+    """wkv_b(c_kv) cached: every head's k_nope and value, H·(qk_nope_dim + v_dim) numbers per token."""
+    source = SOLUTION.replace(
+        "        if cache is not None:\n"
+        "            c_kv, k_rope = torch.cat([cache[0], c_kv], 1), torch.cat([cache[1], k_rope], 1)",
+        "        kv_flat = self.wkv_b(c_kv)\n"
+        "        if cache is not None:\n"
+        "            kv_flat, k_rope = torch.cat([cache[0], kv_flat], 1), torch.cat([cache[1], k_rope], 1)"
+    ).replace("        S = c_kv.shape[1]", "        S = kv_flat.shape[1]") \
+     .replace("        if absorb:\n            scores", "        if False:\n            scores") \
+     .replace("        if absorb:\n            o =", "        if False:\n            o =") \
+     .replace("kv = self.wkv_b(c_kv).view(B, S, self.H, -1)", "kv = kv_flat.view(B, S, self.H, -1)") \
+     .replace("reshape(B, T, -1)), (c_kv, k_rope)", "reshape(B, T, -1)), (kv_flat, k_rope)")
+    assert source.count("kv_flat") == 6
+    checks = checks_by_id(grade_source("mla", source))
+    assert checks["cache-holds-latent-and-shared-rope-key"]["diagnosis"] == "cache-holds-up-projected-keys"
+    assert checks["absorbed-never-up-projects-cache"]["same_cause_as"] == "cache-holds-latent-and-shared-rope-key"
+
+
+def test_rope_on_the_two_halves_is_named(grade_source):
+    """Hugging Face's rotate_half pairing, (x[i], x[i + d/2]), where the kata's pairs are interleaved."""
+    source = SOLUTION.replace("    pairs = x.unflatten(-1, (d // 2, 2))\n    a, b = pairs[..., 0], pairs[..., 1]\n"
+                              "    return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)",
+                              "    a, b = x[..., :d // 2], x[..., d // 2:]\n"
+                              "    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)")
+    assert source != SOLUTION
+    checks = checks_by_id(grade_source("mla", source))
+    for check in ("full-forward-matches-reference", "cache-holds-latent-and-shared-rope-key"):
+        assert checks[check]["diagnosis"] == "rope-half-vs-interleaved", check
+
+
+def test_a_top_left_decode_mask_is_named_with_the_rows_it_changes(grade_source):
+    """triu(1) without the cache's offset: query i sees keys 0..i, so a decoded token sees only key 0."""
+    source = SOLUTION.replace(".triu(past + 1)", ".triu(1)")
+    assert source != SOLUTION
+    result = grade_source("mla", source)
+    check = checks_by_id(result)["decode-equals-full-forward"]
+    assert check["diagnosis"] == "mask-top-left-aligned"
+    assert "(rows 0-4, the prefill, agree; rows 5-7, the decoded tokens, differ)" in check["message"], check["message"]

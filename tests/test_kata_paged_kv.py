@@ -273,3 +273,68 @@ def test_sdpa_fails_only_the_banned_api_check(grade_source):
     result = grade_source("paged-kv", source)
     assert failed(result) == ["banned-api"]
     assert result["diagnoses"] == ["banned-api"]
+
+
+# --- issue 41 -----------------------------------------------------------------------------------
+
+def test_kv_heads_tiled_by_repeat_are_named_the_same_at_every_seed(grade_source):
+    """GQA's `.repeat` where `repeat_interleave` is meant: query head j reads KV head j % n_kv_heads.
+    Every check whose draw has two KV heads or more and groups of two or more must show it, so the
+    grade is the same at every seed."""
+    source = edit("""        k = k.repeat_interleave(rep, dim=1).to(q.dtype).transpose(0, 1)
+        v = v.repeat_interleave(rep, dim=1).to(q.dtype).transpose(0, 1)""",
+                  """        k = k.repeat(1, rep, 1).to(q.dtype).transpose(0, 1)
+        v = v.repeat(1, rep, 1).to(q.dtype).transpose(0, 1)""")
+    grades = []
+    for seed in (1, 2, 3):
+        result = grade_source("paged-kv", source, seed=seed)
+        assert checks_by_id(result)["paged-attention-matches-sdpa"]["diagnosis"] == "kv-repeat-tiled"
+        assert result["diagnoses"] == ["kv-repeat-tiled"]
+        grades.append((result["score"], failed(result)))
+    assert grades[0][1] == ["paged-attention-matches-sdpa", "fresh-random-schedule", "fresh-beam-forks"]
+    assert grades == [grades[0]] * 3
+
+
+def test_free_ids_in_a_heapq_heap_are_plain_python(grade_source):
+    """The README allows Python's plain helpers: a heap of free ids (the lowest id first) is one."""
+    source = edit("import math\n", "import heapq\nimport math\n")
+    source = edit("""        b = self.free_ids.pop()""", """        b = heapq.heappop(self.free_ids)""", source)
+    source = edit("""            self.free_ids.append(block)""", """            heapq.heappush(self.free_ids, block)""", source)
+    result = grade_source("paged-kv", source)
+    assert result["score"] == result["max_score"], [(c["id"], c["message"]) for c in result["checks"]
+                                                    if c["status"] != "passed"]
+
+
+def test_a_slot_mapping_from_the_batch_token_index_is_named(grade_source):
+    """vLLM's slot mapping, block_table[p // bs] * bs + p % bs, computed with p the token's index
+    in everything the cache was given (a batch-wide position) instead of its position in its own
+    sequence: right for one sequence alone."""
+    source = edit("""        for i in range(k.shape[0]):
+            p = n + i
+            self.k[table[p // self.bs], p % self.bs] = k[i]
+            self.v[table[p // self.bs], p % self.bs] = v[i]""", """        for i in range(k.shape[0]):
+            p = self.batch_tokens + i
+            slot = table[p // self.bs] * self.bs + p % self.bs
+            self.k.view(-1, *self.k.shape[2:])[slot] = k[i]
+            self.v.view(-1, *self.v.shape[2:])[slot] = v[i]
+        self.batch_tokens += k.shape[0]""")
+    source = edit("        self.tables, self.lens = {}, {}\n", "        self.tables, self.lens = {}, {}\n"
+                  "        self.batch_tokens = 0\n", source)
+    result = grade_source("paged-kv", source)
+    checks = checks_by_id(result)
+    assert checks["append-then-gather"]["status"] == "passed"
+    assert checks["ragged-sequences-interleaved"]["diagnosis"] == "slot-from-global-position"
+
+
+def test_a_fork_that_shares_the_table_list_is_named_for_it(grade_source):
+    """fork hands dst src's own list, and append grows a table in place: one append changes both
+    tables. The counts after the first wrong read (a copy was made: one block fewer free) tell it
+    from a shared block written in place."""
+    source = edit("        table = list(self.tables.get(seq_id, []))\n",
+                  "        table = self.tables.get(seq_id, [])\n")
+    source = edit("self.tables[dst], self.lens[dst] = list(self.tables[src]), self.lens[src]",
+                  "self.tables[dst], self.lens[dst] = self.tables[src], self.lens[src]", source)
+    result = grade_source("paged-kv", source)
+    checks = checks_by_id(result)
+    assert checks["copy-on-write"]["diagnosis"] == "fork-aliases-block-table"
+    assert "shared-block-written-in-place" not in result["diagnoses"]

@@ -8,8 +8,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import checks_by_id
 from graders.engine.manifest import find
-from graders.practice import plots
-from graders.roofline import TEXTBOOK, attention, close, counted, training_flops
+from graders.practice import hints, plots
+from graders.roofline import TEXTBOOK, attention, close, counted, ratio, tie, training_flops, wrong_bound
 from reference import roofline as ref
 
 SOLUTION = '''
@@ -116,6 +116,8 @@ def test_one_token_for_the_cache_is_diagnosed(grade_source):
 def test_a_tie_called_compute_fails_only_the_bound(grade_source):
     result = grade_source("roofline", SOLUTION.replace("if t_flop > t_mem", "if t_flop >= t_mem"))
     assert failed(result) == ["decode-step-bound"]
+    message = checks_by_id(result)["decode-step-bound"]["message"]
+    assert "exactly as long" in message and "a tie" in message, message
 
 
 def test_batching_attention_like_the_weights_is_diagnosed(grade_source):
@@ -129,6 +131,57 @@ def test_2n_is_diagnosed_and_mfu_follows_from_it(grade_source):
     checks = checks_by_id(result)
     assert checks["train-flops-per-token"]["diagnosis"] == "train-2n"
     assert checks["mfu"].get("same_cause_as") == "train-flops-per-token"
+
+
+@pytest.mark.parametrize("count", ["6 * N + 6 * L * T * d", "3 * (2 * N + 2 * L * T * d)"])
+def test_attention_counted_once_is_diagnosed(grade_source, count):
+    # One attention matmul of 2·T·d where Q @ Kᵀ and weights @ V are two: 17/18 of FlopCounterMode's count here.
+    result = grade_source("roofline", SOLUTION.replace("return 6 * N + 12 * L * T * d", f"return {count}"))
+    checks = checks_by_id(result)
+    for check in ("textbook-answers", "train-flops-per-token"):
+        assert checks[check]["diagnosis"] == "attention-flops-once", check
+    assert checks["mfu"].get("same_cause_as") == "train-flops-per-token"
+    assert result["diagnoses"] == ["attention-flops-once"]
+    kata = find("roofline")   # the first hint is the one on attention's two matmuls, not task 1's
+    choice = hints.choose(kata, set(), hints.failed_checks(result))
+    assert "2 * T * d each" in kata.hints[choice.index].text
+
+
+@pytest.mark.parametrize("count", ["3.0 * (2 * N + 4 * L * T * d)", "(6 * N + 12 * L * T * d) / 1"])
+def test_a_float_count_is_refused(grade_source, count):
+    # The README asks for an int compared exactly: a float holds a count exactly only below 2**53.
+    result = grade_source("roofline", SOLUTION.replace("return 6 * N + 12 * L * T * d", f"return {count}"))
+    assert failed(result) == ["textbook-answers", "train-flops-per-token"]
+    message = checks_by_id(result)["train-flops-per-token"]["message"]
+    assert "Return an int" in message and "float" in message
+
+
+def test_a_crossover_rounded_up_says_how_far_off_not_a_ratio_of_1(grade_source):
+    exact = "flops_per_s * bytes_per_param / (2 * hbm_bytes_per_s)"
+    source = "import math\n" + SOLUTION.replace(f"return {exact}", f"return math.ceil({exact})")
+    result = grade_source("roofline", source)
+    assert failed(result) == ["textbook-answers", "crossover-batch"]
+    for check in ("textbook-answers", "crossover-batch"):
+        message = checks_by_id(result)[check]["message"]
+        assert "296" in message and "times the right answer" not in message, message
+        assert "0.26 % above" in message and "rounded" in message, message
+
+
+def test_how_far_off_is_said_in_words_that_point_at_the_slip():
+    assert ratio(235_008, 248_832) == " (17/18 of the right answer)"
+    assert ratio(3 * 295.22, 295.22) == " (3 times the right answer)"
+    assert ratio(1.012, 1.0) == " (1.2 % above the right answer)"
+    assert ratio(295, 295.2238805970149) == (" (0.076 % below the right answer: 295.224 rounded down to a whole "
+                                             "number, where the answer is not rounded)")
+
+
+def test_a_wrong_bound_says_which_time_is_longer_or_that_they_tie():
+    # The hidden check's crossover batch ties when the crossover is a whole number: it says so there too.
+    tied, above = (10**9, 1000, 0, 100, 10, 1000, 2), (10**9, 1000, 0, 101, 10, 1000, 2)
+    assert "exactly as long here, 2e+08 s each: a tie, which is \"memory\"" in tie(tied)
+    assert tie(tied) in wrong_bound(tied)
+    assert tie(above) == "" and "the FLOPs take longer than the bytes" in wrong_bound(above)
+    assert tie((7_000_000_000, 524_288, 4096, 1, 3.35e12, 989e12)) == ""   # bytes_per_param left to its default
 
 
 def test_int4_as_four_bytes_is_diagnosed(grade_source):

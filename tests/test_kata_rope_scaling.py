@@ -119,13 +119,30 @@ def test_each_mistake_gets_its_diagnosis(grade_source, code):
     assert result["diagnoses"] == [code]
 
 
+def test_rotate_half_where_pairs_are_interleaved_is_named_as_in_the_rope_kata(grade_source):
+    """Hugging Face's rotate_half with the angles repeated over the two halves: correct RoPE in the
+    other layout, the shared mistake rope-half-vs-interleaved."""
+    source = replaced("""    x0, x1 = x[..., 0::2], x[..., 1::2]   # (B, H, T, hd/2) each
+    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)   # (B, H, T, hd)""",
+                      """    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin""")
+    for seed in (1, 2, 3):
+        result = grade_source("rope-scaling", source, seed=seed)
+        assert failed(result) == {"rope-attention-values", "rope-attention-at-fresh-shapes"}
+        assert checks_by_id(result)["rope-attention-values"]["diagnosis"] == "rope-half-vs-interleaved"
+        assert result["diagnoses"] == ["rope-half-vs-interleaved"]
+
+
 def test_the_attention_factor_once_on_the_logits_fails_the_temperature_without_a_diagnosis(grade_source):
     source = replaced("* (attention_factor ** 2 / math.sqrt(hd))", "* (attention_factor / math.sqrt(hd))")
     result = grade_source("rope-scaling", source)
     assert failed(result) == {"rope-attention-values", "temperature-scales-the-logits",
                               "rope-attention-at-fresh-shapes"}
     checks = checks_by_id(result)
-    assert checks["temperature-scales-the-logits"]["same_cause_as"] == "rope-attention-values"
+    # no mistake named in either: the later check keeps its own report, not a guessed cause
+    assert "same_cause_as" not in checks["temperature-scales-the-logits"]
+    assert "also failed: `rope-attention-values`" in checks["temperature-scales-the-logits"]["message"]
     assert result["diagnoses"] == []
 
 

@@ -313,3 +313,27 @@ def test_mask_reported_by_lying_methods_is_not_a_buffer(grade_source):
 '''
     check = checks_by_id(grade_source("sdpa-swap", liar))["mask-is-buffer"]
     assert 'no buffer named "mask"' in check["message"] and check["diagnosis"] == "mask-not-buffer"
+
+
+def test_sdpa_called_but_the_manual_scores_used_is_sdpa_not_used(grade_source):
+    """The manual path dedented out of its else: SDPA is called once, as the recorded-call checks
+    ask, and its output overwritten by the hand-written attention, whose (T, T) scores the fused
+    kernel exists never to build."""
+    source = SOLUTION.replace('''        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float('-inf'))
+            att = F.softmax(att, dim=-1)
+            att = self.attn_dropout(att)
+            y = att @ v
+''', '''        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float('-inf'))
+        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(att)
+        y = att @ v
+''')
+    source = source.replace("y = F.scaled_dot_product_attention(", "y_flash = F.scaled_dot_product_attention(")
+    assert "y_flash" in source and "        else:\n            att" not in source
+    result = grade_source("sdpa-swap", source)
+    check = checks_by_id(result)["flash-calls-sdpa"]
+    assert check["diagnosis"] == "sdpa-not-used", check["message"]
+    assert "sdpa-not-used" in result["diagnoses"]

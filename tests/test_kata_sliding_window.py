@@ -363,3 +363,40 @@ def test_a_cache_tuned_to_the_public_windows_fails_the_hidden_check(grade_source
                      "        self.window = window if window in (1, 3, 4, 8) else window + 1\n")
     result = grade_source("sliding-window", source)
     assert failing(result) == {"fresh-rolling-decode"}
+
+
+def test_the_whole_buffer_as_it_lies_before_the_chunk_is_rolling_buffer_order(grade_source):
+    """Mistral's buffer returned as it lies, every slot of it, with the chunk after it (the band mask
+    drops the one token too old): slot order is time order until the buffer wraps, then not."""
+    whole_buffer = SOLUTION[:SOLUTION.index("class RollingKVCache:")] + '''
+
+class RollingKVCache:
+    def __init__(self, window):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window, self.n, self.k, self.v = window, 0, None, None
+
+    def __len__(self):
+        return self.n
+
+    def append(self, k, v):
+        B, H, t, hd = k.shape
+        if self.k is None:
+            self.k = k.new_zeros(B, H, self.window, hd)
+            self.v = v.new_zeros(B, H, self.window, v.shape[-1])
+        held = min(self.n, self.window)
+        k_win = torch.cat([self.k[:, :, :held], k], dim=2)   # the buffer as it lies, then the chunk
+        v_win = torch.cat([self.v[:, :, :held], v], dim=2)
+        for i in range(t):
+            self.k[:, :, (self.n + i) % self.window] = k[:, :, i]
+            self.v[:, :, (self.n + i) % self.window] = v[:, :, i]
+        self.n += t
+        return k_win, v_win
+'''
+    result = grade_source("sliding-window", whole_buffer)
+    checks = checks_by_id(result)
+    for check in ("rolling-buffer-returns-window", "rolling-buffer-equals-full-window", "fresh-rolling-decode"):
+        assert checks[check]["diagnosis"] == "rolling-buffer-order", (check, checks[check]["message"])
+    assert failing(result) == {"rolling-buffer-returns-window", "rolling-buffer-equals-full-window",
+                               "fresh-rolling-decode"}
+    assert result["diagnoses"] == ["rolling-buffer-order"]

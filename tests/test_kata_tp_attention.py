@@ -1,6 +1,7 @@
 """The tp-attention grader on solutions written the way learners write them (not via the bug
 oracles), run as real ranks in the sandbox; and its own oracles: the single-process module against
 F.scaled_dot_product_attention, the threads that simulate the ranks against the formula."""
+import threading
 import time
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from conftest import checks_by_id
+from graders.engine.manifest import find
 from graders.tp_attention import CONFIGS, REPLICATED, full_weights, normal, per_rank, sdpa, simulate, single
 from reference import tp_attention_bugs as bugs
 from reference.tp_attention import TensorParallelAttention
@@ -91,6 +93,12 @@ def test_the_simulated_ranks_show_each_bug_and_raise_what_a_rank_raises():
     torch.testing.assert_close(outs[0], single(CausalSelfAttention, sd, H, Hkv, x) + sd["c_proj.bias"])
     _, shapes = simulate(bugs.QkvRowParallelThenHeads, sd, H, Hkv, 2, x)
     assert shapes[1] == ((B, T, (H + 2 * Hkv) * d // H), (B, T, d))
+    outs, _ = simulate(bugs.Averaged, sd, H, Hkv, 2, x)   # ReduceOp.AVG: the shares' sum over 2
+    torch.testing.assert_close(outs[1], (single(CausalSelfAttention, sd, H, Hkv, x) - sd["c_proj.bias"]) / 2
+                               + sd["c_proj.bias"])
+    assert simulate(bugs.ResultAssigned, sd, H, Hkv, 2, x)[0] == (None, None)   # all_reduce returns None
+    with pytest.raises(threading.BrokenBarrierError):   # rank 0 is released: rank 1 has returned without it
+        simulate(bugs.ReducedOnRankZero, sd, H, Hkv, 2, x)
 
     class RankOneRaises(TensorParallelAttention):
         def __init__(self, sd, H, Hkv, rank, world):
@@ -146,7 +154,7 @@ def test_an_all_reduce_of_the_qkv_projection_is_named(grade_source):
     result = grade_source("tp-attention", source)
     checks = checks_by_id(result)
     assert checks["one-all-reduce"]["diagnosis"] == "all-reduce-after-qkv"
-    assert "all_reduce of [2, 5, 36], all_reduce of [2, 5, 48]" in checks["one-all-reduce"]["message"]   # (4 + 2) heads of 6
+    assert "all_reduce of [8, 32, 36], all_reduce of [8, 32, 48]" in checks["one-all-reduce"]["message"]
     assert checks["matches-single-process"]["diagnosis"] == "all-reduce-after-qkv"
     assert result["diagnoses"] == ["all-reduce-after-qkv"]
 
@@ -164,20 +172,19 @@ def test_an_all_gather_instead_of_the_all_reduce_is_counted(grade_source):
     assert checks["matches-single-process"]["status"] == "passed"
 
 
-def test_communication_the_recorder_cannot_name_is_counted_on_the_loopback(grade_source, zygotes):
-    """A second all-reduce, of q, sent through the process group's own method, which no
-    torch.distributed function wraps: the recorder sees one all_reduce, the kernel's count of
-    the group's loopback sees more. The output stays right (q is summed on a copy)."""
-    if not zygotes("torch").isolated:
-        pytest.skip("the loopback is the group's own only under bubblewrap")
+def test_communication_outside_torch_distributeds_functions_is_named_by_the_process_groups_record(grade_source):
+    """A second all-reduce, of the QKV projection, sent through the process group's own method, which
+    no torch.distributed function wraps (a recorder of torch calls would not see it): the process
+    group's own record of the collectives each rank entered names it. The output stays right (the
+    projection is summed on a copy)."""
     source = SOLUTION.replace("        q, k, v = qkv.split(", """\
         dist.distributed_c10d._get_default_group().allreduce([qkv.clone()]).wait()
         q, k, v = qkv.split(""")
     result = grade_source("tp-attention", source)
     checks = checks_by_id(result)
     assert checks["matches-single-process"]["status"] == "passed"
-    assert checks["one-all-reduce"]["status"] == "failed"
-    assert "sent more over their connection" in checks["one-all-reduce"]["message"]
+    assert "all_reduce of [8, 32, 36], all_reduce of [8, 32, 48]" in checks["one-all-reduce"]["message"]
+    assert checks["one-all-reduce"]["diagnosis"] == "all-reduce-after-qkv"
 
 
 def test_a_rank_that_keeps_the_full_weights_holds_too_many_parameters(grade_source):
@@ -245,3 +252,63 @@ def test_a_rank_that_computes_the_whole_layer_from_weights_it_kept_is_caught(gra
     assert "NaN" in checks["own-shards-only"]["message"]
     for check in ("parameters-per-rank", "matches-single-process", "one-all-reduce"):
         assert checks[check]["status"] == "passed", check
+
+
+ALL_REDUCE = "        dist.all_reduce(out)\n"
+
+
+def test_the_all_reduces_result_assigned_is_named_it_returns_none(grade_source):
+    """all_reduce sums in place and returns None: `out = dist.all_reduce(out)` returns None."""
+    result = grade_source("tp-attention", SOLUTION.replace(ALL_REDUCE, "        out = dist.all_reduce(out)\n"))
+    checks = checks_by_id(result)
+    assert checks["matches-single-process"]["diagnosis"] == "all-reduce-result-assigned"
+    assert "Rank 0's forward returned None" in checks["matches-single-process"]["message"]
+    assert "all_reduce works in place and returns None" in find("tp-attention").diagnoses[
+        "all-reduce-result-assigned"].explain
+    assert result["diagnoses"] == ["all-reduce-result-assigned"]
+
+
+def test_averaged_shares_are_named(grade_source):
+    result = grade_source("tp-attention", SOLUTION.replace(ALL_REDUCE,
+                                                           "        dist.all_reduce(out, op=dist.ReduceOp.AVG)\n"))
+    checks = checks_by_id(result)
+    for check in ("matches-single-process", "bias-added-once"):
+        assert checks[check]["diagnosis"] == "all-reduce-averaged", check
+    assert "ReduceOp.AVG divides by world_size: the shares must be summed" in find("tp-attention").diagnoses[
+        "all-reduce-averaged"].explain
+    assert checks["one-all-reduce"]["status"] == "passed"
+    assert result["diagnoses"] == ["all-reduce-averaged"]
+
+
+def test_an_async_all_reduce_never_waited_on_is_named_not_counted_as_more_bytes(grade_source):
+    result = grade_source("tp-attention", SOLUTION.replace(ALL_REDUCE, "        dist.all_reduce(out, async_op=True)\n"))
+    checks = checks_by_id(result)
+    assert checks["one-all-reduce"]["diagnosis"] == "all-reduce-not-waited"
+    assert "must be waited on" in checks["one-all-reduce"]["message"]
+    assert "sent more over their connection" not in checks["one-all-reduce"]["message"]
+    assert result["diagnoses"] == ["all-reduce-not-waited"]
+
+
+def test_an_async_all_reduce_waited_on_passes(grade_source):
+    source = SOLUTION.replace(ALL_REDUCE, "        work = dist.all_reduce(out, async_op=True)\n        work.wait()\n")
+    result = grade_source("tp-attention", source)
+    assert result["status"] == "passed", [c["message"] for c in result["checks"] if c["status"] != "passed"]
+
+
+def test_a_collective_called_on_some_ranks_only_names_the_rank_that_never_called_it(grade_source):
+    source = SOLUTION.replace(ALL_REDUCE, "        if self.rank == 0:\n            dist.all_reduce(out)\n")
+    result = grade_source("tp-attention", source)
+    checks = checks_by_id(result)
+    message = checks["matches-single-process"]["message"]
+    assert checks["matches-single-process"]["diagnosis"] == "collective-on-some-ranks"
+    assert "Rank 1 never called all_reduce (rank 0 waited" in message, message
+    assert "/gloo/" not in message   # gloo's own message, with its build path, is not the report
+    assert result["diagnoses"] == ["collective-on-some-ranks"]
+
+
+def test_a_barrier_counts_as_a_collective(grade_source):
+    result = grade_source("tp-attention", SOLUTION.replace(ALL_REDUCE, ALL_REDUCE + "        dist.barrier()\n"))
+    checks = checks_by_id(result)
+    assert checks["one-all-reduce"]["status"] == "failed"
+    assert "all_reduce of [8, 32, 48], barrier" in checks["one-all-reduce"]["message"]
+    assert checks["matches-single-process"]["status"] == "passed"

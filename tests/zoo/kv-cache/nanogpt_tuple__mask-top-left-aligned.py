@@ -1,6 +1,6 @@
 """nanoGPT's mask slice kept from the version without a cache, `self.bias[:, :, :T, :Tk]`: the
 first T rows of the triangle, aligned top-left, so a decoded token (T = 1) sees only the first
-key (cache-top-left-causal)."""
+key (mask-top-left-aligned)."""
 import math
 
 import torch
