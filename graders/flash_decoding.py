@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from graders.engine import expect
 from graders.engine.failures import CheckFailed, SandboxFailed, sentence
 from graders.engine.learner import describe_value
-from graders.engine.products import score_tiles, shapes_in
+from graders.engine.products import float_shapes, score_tiles
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_used, check_untampered
 from graders.engine.weights import normal
@@ -377,16 +377,6 @@ def test_splits_are_chunks(learner, bugs, kata, rng, device):
                     expected=f"nothing of {need:,} values or more with the whole cache's {Tk} keys as an axis, "
                              "but k and v themselves")
     check_untampered(learner, call=call, case=case)
-
-
-def float_shapes(ops) -> list[tuple]:
-    """The shapes of the floating tensors the recorded calls took (their arguments, lists of them too)."""
-    def found(value):
-        if isinstance(value, dict) and "float" in str(value.get("dtype")):
-            return shapes_in(value)
-        return [shape for item in value for shape in found(item)] if isinstance(value, list) else []
-    return [shape for op in ops for arg in [*op.get("args", []), *op.get("kwargs", {}).values()]
-            for shape in found(arg)]
 
 
 def test_rejects_bad_arguments(learner, rng):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from graders.engine import expect
 from graders.engine.failures import LearnerRaised
-from graders.engine.products import shapes_in
+from graders.engine.products import float_shapes
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_in_ops, check_untampered
 from graders.engine.weights import inject, normal
@@ -116,16 +116,6 @@ def sdpa_calls(ops):
             kwargs = op.get("kwargs") if isinstance(op.get("kwargs"), dict) else {}
             calls.append({**SDPA_DEFAULTS, **dict(zip(SDPA_PARAMS, args)), **kwargs})
     return calls
-
-
-def float_shapes(ops) -> list[tuple]:
-    """The shapes of the floating tensors the recorded calls took (their arguments, lists of them too)."""
-    def found(value):
-        if isinstance(value, dict) and "float" in str(value.get("dtype")):
-            return shapes_in(value)
-        return [shape for item in value for shape in found(item)] if isinstance(value, list) else []
-    return [shape for op in ops for arg in [*op.get("args", []), *op.get("kwargs", {}).values()]
-            for shape in found(arg)]
 
 
 def tensor_text(summary):

@@ -1,5 +1,6 @@
-"""What a recorded call says about the matrix products a learner's code ran: the size of the axis
-each contracts and the shape of its result (flash-tiling's and flash-decoding's tiles of scores)."""
+"""What recorded calls say about the tensors a learner's code built: their shapes, and for matrix
+products the size of the axis each contracts and the shape of its result (flash-tiling's and
+flash-decoding's tiles of scores)."""
 import math
 
 import torch
@@ -14,6 +15,16 @@ def shapes_in(value) -> list[tuple]:
     if isinstance(value, list):
         return [shape for item in value for shape in shapes_in(item)]
     return []
+
+
+def float_shapes(ops) -> list[tuple]:
+    """The shapes of the floating tensors the recorded calls took (their arguments, lists of them too)."""
+    def found(value):
+        if isinstance(value, dict) and "float" in str(value.get("dtype")):
+            return shapes_in(value)
+        return [shape for item in value for shape in found(item)] if isinstance(value, list) else []
+    return [shape for op in ops for arg in [*op.get("args", []), *op.get("kwargs", {}).values()]
+            for shape in found(arg)]
 
 
 def _einsum(args) -> tuple[int, tuple] | None:
