@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..engine.bundle import NO_REFERENCE, bundle_info
-from ..engine.manifest import ROOT, Kata
+from ..engine.manifest import MISTAKES, ROOT, Kata
 from ..engine.manifest import katas as all_katas
 from ..engine.oracles import Bugs
 from ..engine.plugin import check_names
@@ -102,6 +102,7 @@ def _copy_kit(out: Path, katas: list[Kata]):
     (out / "katas").mkdir()
     if (ROOT / "katas" / "__init__.py").exists():
         shutil.copy2(ROOT / "katas" / "__init__.py", out / "katas" / "__init__.py")
+    shutil.copy2(MISTAKES, out / "katas" / MISTAKES.name)   # the explanations of shared mistakes
     for kata in katas:
         shutil.copy2(kata.grader_path, out / "graders" / kata.grader_path.name)
         # The kata's folder but its record of `kata lint --deep`, which is about the kit's own tests.
@@ -177,6 +178,6 @@ def _bundle_pyproject() -> str:
              f'dependencies = {json.dumps(requires)}', '', '[project.scripts]', 'kata = "cli:main"', '',
              '[tool.setuptools]', 'py-modules = ["cli"]',
              f'packages = {json.dumps(["graders", *(f"graders.{p}" for p in kit_packages()), "katas"])}', '',
-             '[tool.setuptools.package-data]', 'katas = ["*/kata.toml", "*/README.md", "*/stub.py"]',
+             '[tool.setuptools.package-data]', 'katas = ["mistakes.toml", "*/kata.toml", "*/README.md", "*/stub.py"]',
              '"graders.engine" = ["result.schema.json"]', 'graders = ["recorded/*.json", "recorded/*.npz"]']
     return "\n".join(lines) + "\n"
