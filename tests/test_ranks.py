@@ -44,7 +44,8 @@ SOURCE = textwrap.dedent('''
             dist.all_reduce(x)
         return x
 
-    def barrier_on_one(x):
+    def barrier_on_one(x, late):
+        time.sleep(1.0 if dist.get_rank() == late else 0)   # the other rank's wait ends first
         if dist.get_rank() == 1:
             dist.barrier()
         else:
@@ -220,11 +221,12 @@ def test_a_collective_one_rank_never_joins_names_that_rank_from_the_ranks_own_re
         ranks.each(lambda r, learner: learner.skips_on_one(torch.ones(2)))
 
 
-def test_a_collective_another_rank_calls_in_its_place_is_named(ranks_of):
+@pytest.mark.parametrize("late", [0, 1])
+def test_a_collective_another_rank_calls_in_its_place_is_named_the_same_whichever_wait_ends_first(ranks_of, late):
     import torch
 
     with pytest.raises(CollectiveNotJoined, match=r"Rank 1 called barrier where rank 0 called all_reduce"):
-        ranks_of(2).each(lambda r, learner: learner.barrier_on_one(torch.ones(2)))
+        ranks_of(2).each(lambda r, learner: learner.barrier_on_one(torch.ones(2), late))
 
 
 def test_each_ranks_process_group_records_barriers_and_unwaited_async_collectives(ranks_of):

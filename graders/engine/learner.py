@@ -486,8 +486,14 @@ class Ranks:
             thread.join()
         if failures:
             # A collective that failed (a peer gone, or one that never joined) is the consequence of
-            # another rank's failure when there is one: that failure is raised, else the first in time.
-            when, rank, exc = min(failures, key=lambda f: (_COLLECTIVE_FAILED in str(f[2]), *f[:2]))
+            # another rank's failure when there is one: that failure is raised, the first in time.
+            # Else the lowest rank left waiting speaks: two ranks waiting in different collectives
+            # time out in either order, and the same file must always be told the same.
+            def cause(failure):
+                when, rank, exc = failure
+                return (True, rank) if _COLLECTIVE_FAILED in str(exc) else (False, when)
+
+            when, rank, exc = min(failures, key=cause)
             if _COLLECTIVE_FAILED in str(exc) and self.group.running:
                 exc = self._not_joined(rank, when - started, exc)
                 self.group.left_waiting |= isinstance(exc, CollectiveNotJoined)
