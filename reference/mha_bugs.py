@@ -18,6 +18,12 @@ class NoScaling(MultiHeadSelfAttention):
         self.scale = 1.0
 
 
+class DoubleScale(MultiHeadSelfAttention):
+    def __init__(self, d_model, n_heads, dropout=0.0):
+        super().__init__(d_model, n_heads, dropout)
+        self.scale = 1.0 / self.head_dim   # 1/sqrt(head_dim) applied twice
+
+
 class ViewWithoutTranspose(MultiHeadSelfAttention):
     def split_heads(self, t):
         B, T, C = t.shape
@@ -96,6 +102,7 @@ class BannedApi(MultiHeadSelfAttention):
 BUGS = {
     "scale-by-d-model": {"MultiHeadSelfAttention": ScaleByDModel},
     "no-scaling": {"MultiHeadSelfAttention": NoScaling},
+    "double-scale": {"MultiHeadSelfAttention": DoubleScale},
     "view-without-transpose": {"MultiHeadSelfAttention": ViewWithoutTranspose},
     "merge-without-transpose": {"MultiHeadSelfAttention": MergeWithoutTranspose},
     "softmax-wrong-dim": {"MultiHeadSelfAttention": SoftmaxWrongDim},

@@ -14,6 +14,14 @@ class DoubleScale(CausalSelfAttention):
                                               dropout_p=self.dropout if self.training else 0.0)
 
 
+class NoScaling(CausalSelfAttention):
+    def manual_attention(self, q, k, v):
+        T = q.size(-2)
+        att = q @ k.transpose(-2, -1)   # never multiplied by 1/sqrt(head_dim): only SDPA scales
+        att = att.masked_fill(~self.mask[:T, :T], float("-inf"))
+        return self.attn_dropout(F.softmax(att, dim=-1)) @ v
+
+
 class DropoutInEval(CausalSelfAttention):
     def flash_attention(self, q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout)   # in eval too
@@ -69,6 +77,7 @@ class ManualPathNoDropoutAtAll(CausalSelfAttention):
 
 BUGS = {
     "double-scale": {"CausalSelfAttention": DoubleScale},
+    "no-scaling": {"CausalSelfAttention": NoScaling},
     "dropout-in-eval": {"CausalSelfAttention": DropoutInEval},
     "sdpa-with-explicit-mask": {"CausalSelfAttention": SdpaWithExplicitMask},
     "sdpa-not-used": {"CausalSelfAttention": SdpaNotUsed},
