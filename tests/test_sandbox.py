@@ -123,6 +123,47 @@ def test_forged_frame_with_a_pickle_array_is_refused(tmp_path):
         _array(archive.getvalue())
 
 
+def test_replies_read_at_once_by_a_rank_groups_threads_never_fail():
+    """A rank group's replies are read by one thread per rank. An array's header is read by
+    ast.literal_eval, whose construction Python 3.11 tracks in state all threads share: a garbage
+    collection in the middle that runs Python code (a __del__) lets another thread in, and one of
+    them raises SystemError (CPython gh-106905), a grading error that has nothing to do with the
+    learner. The reading is one thread's at a time."""
+    import gc
+    import threading
+
+    class Cyclic:
+        def __del__(self):
+            sum(range(50))   # Python code run by the collector: a point where threads switch
+
+    interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(1e-6)
+    gc.set_threshold(5, 1, 1)
+    blob = io.BytesIO()
+    np.save(blob, np.zeros((8, 32, 48)))
+    errors = []
+
+    def read():
+        for _ in range(3000):
+            garbage = Cyclic()
+            garbage.itself = garbage
+            try:
+                _array(blob.getvalue())
+            except Exception as exc:
+                errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        gc.set_threshold(*thresholds)
+        sys.setswitchinterval(interval)
+    assert not errors, f"{len(errors)} reads failed, e.g. {errors[0]!r}"
+
+
 def test_frames_announcing_huge_sizes_are_refused_before_reading():
     data = encode_frame({"ok": True}, [b"x"])
     forged = (MAX_HEADER + 1).to_bytes(4, "big") + data[4:]

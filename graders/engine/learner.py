@@ -567,6 +567,9 @@ def _npy(array, blobs):
 
 
 NPY_HEADER_MAX = 4096 + 12   # read_array_header's max_header_size, after the magic and the length
+# A header is read by ast.literal_eval, which Python 3.11 can fail with SystemError when two threads
+# (a rank group's) build syntax trees at once (CPython gh-106905): one thread reads at a time.
+_READING_HEADER = threading.Lock()
 
 
 def _array(blob) -> np.ndarray:
@@ -578,7 +581,8 @@ def _array(blob) -> np.ndarray:
                    (2, 0): np.lib.format.read_array_header_2_0}.get(np.lib.format.read_magic(stream))
     if read_header is None:
         raise ValueError("unsupported .npy version")
-    shape, fortran, dtype = read_header(stream, max_header_size=4096)
+    with _READING_HEADER:
+        shape, fortran, dtype = read_header(stream, max_header_size=4096)
     if dtype.hasobject or dtype.kind not in "biufc" or dtype.names is not None or dtype.subdtype is not None:
         raise ValueError(f"not a plain numeric array ({dtype})")
     data = memoryview(blob)[stream.tell():]
