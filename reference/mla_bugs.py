@@ -6,11 +6,12 @@ import torch.nn.functional as F
 from reference.mla import MultiHeadLatentAttention, apply_rope
 
 
-def attend(m, q_nope, q_rope, c_kv, k_rope, absorb, *, w_uk=None, w_uv_t=None, top_left=False):
+def attend(m, q_nope, q_rope, c_kv, k_rope, absorb, *, w_uk=None, w_uv_t=None, top_left=False, scale=None):
     """The reference's attention over a latent cache, (B, T, d_model): naive (keys and values
     up-projected from c_kv) or absorbed, with the per-head factors ``w_uk`` (H, nope, r) and
-    ``w_uv_t`` (H, r, v) the absorbed path uses (the right ones unless a bug gives its own), and
-    the causal mask aligned bottom-right (top-left where a bug says ``top_left``)."""
+    ``w_uv_t`` (H, r, v) the absorbed path uses (the right ones unless a bug gives its own), the
+    causal mask aligned bottom-right (top-left where a bug says ``top_left``), and the scores
+    multiplied by the module's scale (by ``scale`` where a bug gives its own)."""
     B, T, H, _ = q_nope.shape
     nope, vd, r, Tk = m.qk_nope_dim, m.v_dim, m.kv_lora_rank, c_kv.shape[1]
     w = m.wkv_b.weight.view(H, nope + vd, r)
@@ -23,7 +24,8 @@ def attend(m, q_nope, q_rope, c_kv, k_rope, absorb, *, w_uk=None, w_uv_t=None, t
         kv = F.linear(c_kv, m.wkv_b.weight).view(B, Tk, H, nope + vd)
         scores = scores + torch.einsum("bthd,bshd->bhts", q_nope, kv[..., :nope])
     allowed = torch.ones(T, Tk, dtype=torch.bool, device=c_kv.device).tril(0 if top_left else Tk - T)
-    att = F.softmax((scores * m.scale).masked_fill(~allowed, float("-inf")), dim=-1)
+    scale = m.scale if scale is None else scale
+    att = F.softmax((scores * scale).masked_fill(~allowed, float("-inf")), dim=-1)
     if absorb:
         o = torch.einsum("bthc,hcd->bthd", torch.einsum("bhts,bsc->bthc", att, c_kv), w_uv_t)
     else:
@@ -239,6 +241,37 @@ class MaskTopLeft(MultiHeadLatentAttention):
         return latent_forward(self, x, cache, absorb, right_down, top_left=True)
 
 
+# --- no-scaling --------------------------------------------------------------------------------
+
+class Unscaled(MultiHeadLatentAttention):
+    def forward(self, x, cache=None, absorb=False):
+        # q_nope·k_nope + q_rope·k_rope into the softmax as they are, on both paths
+        return latent_forward(self, x, cache, absorb, right_down, scale=1.0)
+
+
+class AbsorbedUnscaled(MultiHeadLatentAttention):
+    def forward(self, x, cache=None, absorb=False):
+        # the absorbed path's scores, written apart from the naive path's, left unscaled: the naive
+        # path is right, and absorption disagrees with it
+        return latent_forward(self, x, cache, absorb, right_down, scale=1.0 if absorb else self.scale)
+
+
+# --- double-scale ------------------------------------------------------------------------------
+
+class ScaledTwice(MultiHeadLatentAttention):
+    def forward(self, x, cache=None, absorb=False):
+        # q multiplied by 1/sqrt(qk_nope_dim + qk_rope_dim) and the scores again: divided by
+        # qk_nope_dim + qk_rope_dim, on both paths
+        return latent_forward(self, x, cache, absorb, right_down, scale=self.scale ** 2)
+
+
+class AbsorbedScaledTwice(MultiHeadLatentAttention):
+    def forward(self, x, cache=None, absorb=False):
+        # the absorbed path's queries (q_nope·W_uk and q_rope) scaled as they are made, and its scores
+        # again: the naive path is right, and absorption disagrees with it
+        return latent_forward(self, x, cache, absorb, right_down, scale=self.scale ** 2 if absorb else self.scale)
+
+
 # --- the cache-size functions -----------------------------------------------------------------
 
 def latent_counted_twice(kv_lora_rank, qk_rope_dim, n_layers=1, dtype_bytes=2):
@@ -269,6 +302,10 @@ BUGS = {
                                    {"MultiHeadLatentAttention": UkReshapedNotTransposed}],
     "absorbed-up-projects-cache": {"MultiHeadLatentAttention": AbsorbIgnored},
     "mask-top-left-aligned": {"MultiHeadLatentAttention": MaskTopLeft},
+    "no-scaling": [{"MultiHeadLatentAttention": Unscaled},
+                   {"MultiHeadLatentAttention": AbsorbedUnscaled}],
+    "double-scale": [{"MultiHeadLatentAttention": ScaledTwice},
+                     {"MultiHeadLatentAttention": AbsorbedScaledTwice}],
     "latent-counted-twice": [{"mla_cache_bytes_per_token": latent_counted_twice},
                              {"mla_cache_bytes_per_token": latent_counted_twice_rope_once}],
     "kv-cache-missing-kv-factor": {"kv_cache_bytes_per_token": kv_missing_factor},
