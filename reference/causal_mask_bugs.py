@@ -56,6 +56,26 @@ def masked_attention_finfo_min(q, k, v, mask=None):
     return weights @ v, weights
 
 
+def masked_attention_no_scaling(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1)   # the scores left unscaled
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    return weights @ v, weights
+
+
+def masked_attention_double_scale(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / q.size(-1)   # 1/sqrt(d) twice: divided by d
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    return weights @ v, weights
+
+
 def masked_attention_banned(q, k, v, mask=None):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if mask is not None:
@@ -75,5 +95,7 @@ BUGS = {
     "nan-on-fully-masked-row": {"masked_attention": masked_attention_nan},
     "masked-row-uniform": [{"masked_attention": masked_attention_minus_1e9},
                            {"masked_attention": masked_attention_finfo_min}],
+    "no-scaling": {"masked_attention": masked_attention_no_scaling},
+    "double-scale": {"masked_attention": masked_attention_double_scale},
     "banned-api": {"masked_attention": masked_attention_banned},
 }

@@ -82,6 +82,18 @@ class ScaleByDModel(MultiHeadAttention):
         self.scale = 1.0 / math.sqrt(d_model)   # the model width, not the head width
 
 
+class NoScaling(MultiHeadAttention):
+    def __init__(self, d_model, n_heads, kdim=None, vdim=None):
+        super().__init__(d_model, n_heads, kdim, vdim)
+        self.scale = 1.0   # the scores q·k left unscaled
+
+
+class DoubleScale(MultiHeadAttention):
+    def __init__(self, d_model, n_heads, kdim=None, vdim=None):
+        super().__init__(d_model, n_heads, kdim, vdim)
+        self.scale = 1.0 / self.head_dim   # 1/sqrt(head_dim) twice: q scaled, then the scores again
+
+
 class HeadsAveraged(MultiHeadAttention):
     keepdim = False   # nn.MultiheadAttention's default shape: (B, Tq, Tk)
 
@@ -113,6 +125,8 @@ BUGS = {
     "kdim-ignored": [{"MultiHeadAttention": KdimIgnored}, {"MultiHeadAttention": VdimIgnored}],
     "attn-mask-inverted": {"MultiHeadAttention": AttnMaskInverted},
     "scale-by-d-model": {"MultiHeadAttention": ScaleByDModel},
+    "no-scaling": {"MultiHeadAttention": NoScaling},
+    "double-scale": {"MultiHeadAttention": DoubleScale},
     "heads-averaged": [{"MultiHeadAttention": HeadsAveraged}, {"MultiHeadAttention": HeadsAveragedKeepdim}],
     "banned-api": {"MultiHeadAttention": BannedApi},
 }

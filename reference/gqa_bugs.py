@@ -42,6 +42,18 @@ class ScaleByDModel(GroupedQueryAttention):
         self.scale = 1.0 / math.sqrt(d_model)   # the model width, not the head width
 
 
+class NoScaling(GroupedQueryAttention):
+    def __init__(self, d_model, n_heads, n_kv_heads):
+        super().__init__(d_model, n_heads, n_kv_heads)
+        self.scale = 1.0   # the scores q·k left unscaled
+
+
+class DoubleScale(GroupedQueryAttention):
+    def __init__(self, d_model, n_heads, n_kv_heads):
+        super().__init__(d_model, n_heads, n_kv_heads)
+        self.scale = 1.0 / self.head_dim   # 1/sqrt(head_dim) twice: q scaled, then the scores again
+
+
 class NoCausalMask(GroupedQueryAttention):
     def forward(self, x, causal=True):
         return super().forward(x, causal=False)   # the flag is ignored: every query sees the future
@@ -61,6 +73,8 @@ BUGS = {
     "kv-repeat-tiled": {"repeat_kv": repeat_kv_tiled, "GroupedQueryAttention": KvRepeatTiled},
     "kv-proj-wrong-size": {"GroupedQueryAttention": KvProjWrongSize},
     "scale-by-d-model": {"GroupedQueryAttention": ScaleByDModel},
+    "no-scaling": {"GroupedQueryAttention": NoScaling},
+    "double-scale": {"GroupedQueryAttention": DoubleScale},
     "no-causal-mask": {"GroupedQueryAttention": NoCausalMask},
     "banned-api": {"GroupedQueryAttention": BannedApi},
 }
