@@ -194,9 +194,11 @@ def test_matches_module(learner, bugs, kata, rng, device):
         sd, x = weights(rng, C), normal(rng, B, T, C)
         case = case_text(x, H)
         got = guarded(lambda: learner.mha_by_loop(build(learner, device, sd, H), x), C, call=CALL, case=case)
+        # A bug is matched within float32's tolerance: code whose softmax runs in float32 inside
+        # (Llama's) makes its mistake as surely, and every oracle differs from the module by far more.
         expect.array(got, expected(bugs, sd, H, x), call=CALL, case=case, device=device, what="the output",
-                     against=AGAINST, diagnose=lambda: diagnosis(bugs, got, sd, H, x, tol), **tol,
-                     float32_inside=kata.tolerance("float32"))
+                     against=AGAINST, diagnose=lambda: diagnosis(bugs, got, sd, H, x, kata.tolerance("float32")),
+                     **tol, float32_inside=kata.tolerance("float32"))
 
 
 def test_per_head_loop(learner, kata, rng, device):
