@@ -129,6 +129,28 @@ def packed_attention_inclusive_end(q, k, v, cu_seqlens, prefix_lens=None):
     return _attend(q, k, v, (docs[:, None] == docs[None, :]) & allowed)
 
 
+# no-scaling, double-scale -------------------------------------------------------------------------
+
+def _packed_mask(cu_seqlens, prefix_lens):
+    """The right (T, T) mask: causal inside each document, or its prefix-LM mask."""
+    docs, pos = _ids(cu_seqlens), _positions(cu_seqlens)
+    allowed = pos[None, :] <= pos[:, None]
+    if prefix_lens is not None:
+        allowed = allowed | (pos < prefix_lens.to(cu_seqlens.device).long()[docs])[None, :]
+    return (docs[:, None] == docs[None, :]) & allowed
+
+
+def packed_attention_no_scaling(q, k, v, cu_seqlens, prefix_lens=None):
+    scores = q @ k.transpose(-2, -1)   # never divided by sqrt(d)
+    scores = scores.masked_fill(~_packed_mask(cu_seqlens, prefix_lens).to(q.device), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def packed_attention_double_scale(q, k, v, cu_seqlens, prefix_lens=None):
+    q = q / math.sqrt(q.size(-1))   # q scaled, and _attend scales the scores again: divided by d in all
+    return _attend(q, k, v, _packed_mask(cu_seqlens, prefix_lens))
+
+
 # banned-api ---------------------------------------------------------------------------------------
 
 def packed_attention_sdpa(q, k, v, cu_seqlens, prefix_lens=None):
@@ -156,5 +178,7 @@ BUGS = {
                             {"document_mask": document_mask_inclusive_end},
                             {"position_ids": position_ids_first_token_continues},
                             {"packed_attention": packed_attention_inclusive_end}],
+    "no-scaling": {"packed_attention": packed_attention_no_scaling},
+    "double-scale": {"packed_attention": packed_attention_double_scale},
     "banned-api": {"packed_attention": packed_attention_sdpa},
 }

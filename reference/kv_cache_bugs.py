@@ -91,6 +91,21 @@ class ExpandTiled(GroupedQueryAttention):
             t.shape[0], n, *t.shape[1:]).reshape(t.shape[0], n * t.shape[1], *t.shape[2:]))
 
 
+# --- no-scaling, double-scale ----------------------------------------------------------------
+
+class NoScaling(GroupedQueryAttention):
+    def __init__(self, d_model, n_heads, n_kv_heads):
+        super().__init__(d_model, n_heads, n_kv_heads)
+        self.scale = 1.0   # the scores q·k as they are, with and without a cache
+
+
+class DoubleScale(GroupedQueryAttention):
+    def __init__(self, d_model, n_heads, n_kv_heads):
+        super().__init__(d_model, n_heads, n_kv_heads)
+        # q scaled by 1/sqrt(head_dim) after its projection, and the scores again: 1/head_dim in all
+        self.scale = 1.0 / self.head_dim
+
+
 # --- causal-mask-off-by-one -------------------------------------------------------------------
 
 class MaskSeesNextToken(GroupedQueryAttention):
@@ -314,6 +329,8 @@ BUGS = {
     "kv-repeat-tiled": [{"GroupedQueryAttention": RepeatTiled}, {"GroupedQueryAttention": ExpandTiled}],
     "cache-stores-repeated-kv": [{"GroupedQueryAttention": StoresRepeatedKv},
                                  {"GroupedQueryAttention": StoresRepeatedKv, "KVCache": PreallocatedByIndex}],
+    "no-scaling": {"GroupedQueryAttention": NoScaling},
+    "double-scale": {"GroupedQueryAttention": DoubleScale},
     "causal-mask-off-by-one": {"GroupedQueryAttention": MaskSeesNextToken},
     "square-chunk-mask": [{"GroupedQueryAttention": SquareChunkMask},
                           {"GroupedQueryAttention": SquareChunkMaskPadded}],

@@ -62,6 +62,17 @@ def attention_top_left(q, k, v, window):
     return _attend(q, k, v, mask_top_left(q.size(-2), k.size(-2), window, q.device))
 
 
+def attention_no_scaling(q, k, v, window):
+    allowed = sliding_window_mask(q.size(-2), k.size(-2), window, device=q.device)
+    scores = q @ k.transpose(-2, -1)   # never divided by sqrt(hd)
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ v
+
+
+def attention_double_scale(q, k, v, window):
+    q = q / math.sqrt(q.size(-1))   # q scaled, and _attend scales the scores again: divided by hd in all
+    return _attend(q, k, v, sliding_window_mask(q.size(-2), k.size(-2), window, device=q.device))
+
+
 def attention_banned(q, k, v, window):
     allowed = sliding_window_mask(q.size(-2), k.size(-2), window, device=q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
@@ -160,6 +171,8 @@ BUGS = {
                           {"sliding_window_mask": mask_no_causal_bound,
                            "sliding_window_attention": attention_no_causal_bound}],
     "mask-top-left-aligned": {"sliding_window_mask": mask_top_left, "sliding_window_attention": attention_top_left},
+    "no-scaling": {"sliding_window_attention": attention_no_scaling},
+    "double-scale": {"sliding_window_attention": attention_double_scale},
     "rolling-buffer-order": [{"RollingKVCache": RollingKVCacheSlotOrder},
                              {"RollingKVCache": RollingKVCacheSlotOrderCut},
                              {"RollingKVCache": RollingKVCacheWholeBuffer},

@@ -89,6 +89,17 @@ MISTAKES = {
         "def document_ids(cu_seqlens):\n"
         "    tokens = torch.arange(int(cu_seqlens[-1]), device=cu_seqlens.device)\n"
         "    return torch.searchsorted(cu_seqlens[1:].long(), tokens)\n"),
+    "no-scaling": (
+        "def packed_attention(q, k, v, cu_seqlens, prefix_lens=None):\n"
+        "    mask = document_mask(cu_seqlens) if prefix_lens is None else prefix_lm_mask(cu_seqlens, prefix_lens)\n"
+        "    scores = (q @ k.transpose(-2, -1)).masked_fill(~mask, float('-inf'))\n"
+        "    return torch.softmax(scores, dim=-1) @ v\n"),
+    "double-scale": (
+        "def packed_attention(q, k, v, cu_seqlens, prefix_lens=None):\n"
+        "    mask = document_mask(cu_seqlens) if prefix_lens is None else prefix_lm_mask(cu_seqlens, prefix_lens)\n"
+        "    q = q / math.sqrt(q.size(-1))\n"
+        "    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(~mask, float('-inf'))\n"
+        "    return torch.softmax(scores, dim=-1) @ v\n"),
     "banned-api": (
         "import torch.nn.functional as F\n"
         "def packed_attention(q, k, v, cu_seqlens, prefix_lens=None):\n"

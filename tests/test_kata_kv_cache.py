@@ -238,6 +238,7 @@ def test_a_convention_error_is_charged_once(grade_source):
     assert source != NANOGPT
     result = grade_source("kv-cache", source)
     assert failed(result) == ["full-forward-matches-sdpa"]
+    assert result["diagnoses"] == ["no-scaling"]
 
 
 def test_a_mask_one_diagonal_too_wide_is_named(grade_source):

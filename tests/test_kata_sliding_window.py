@@ -154,10 +154,10 @@ def test_a_loop_whose_window_wraps_to_the_future_fails_the_covering_check(grade_
     assert "covers every earlier key" in check["message"]
 
 
-def test_unscaled_scores_fail_the_attention_check_without_a_diagnosis(grade_source):
+def test_unscaled_scores_fail_the_attention_check_diagnosed_no_scaling(grade_source):
     result = grade_source("sliding-window", replace(SOLUTION, " * q.shape[-1] ** -0.5", ""))
     check = checks_by_id(result)["windowed-attention-matches"]
-    assert check["status"] == "failed" and check["diagnosis"] is None
+    assert check["status"] == "failed" and check["diagnosis"] == "no-scaling"
     assert "differ from the reference" in check["message"]
     assert {"mask-band-values", "rolling-buffer-returns-window", "buffer-never-exceeds-window"}.isdisjoint(failing(result))
 
