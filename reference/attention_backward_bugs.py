@@ -73,6 +73,16 @@ def unscaled_dk(q, k, v, do, scale=None, causal=False):
     return (ds @ k) * scale, ds.transpose(-2, -1) @ q, dv   # dq with the scale, dk without it
 
 
+def unscaled_scores(q, k, v, do, scale=None, causal=False):
+    scale = default(q, scale)
+    return grads(q, k, v, do, weights(q, k, 1.0, causal), scale)   # P = softmax(q kᵀ): the forward forgets it
+
+
+def scores_scaled_twice(q, k, v, do, scale=None, causal=False):
+    scale = default(q, scale)
+    return grads(q, k, v, do, weights(q, k, scale * scale, causal), scale)   # q scaled, and the scores again
+
+
 def returned_dk_dq(q, k, v, do, scale=None, causal=False):
     scale = default(q, scale)
     dq, dk, dv = grads(q, k, v, do, weights(q, k, scale, causal), scale)
@@ -149,6 +159,9 @@ BUGS = {
     ],
     "missing-scale-in-grad": [{"attention_backward": unscaled_grads}, {"attention_backward": unscaled_dq},
                               {"attention_backward": unscaled_dk}],
+    # The forward's scores scaled wrongly, the gradients carrying the scale once as they should.
+    "no-scaling": {"attention_backward": unscaled_scores},
+    "double-scale": {"attention_backward": scores_scaled_twice},
     "dk-dq-swapped": [{"attention_backward": returned_dk_dq}, {"attention_backward": transposed_on_the_wrong_side}],
     # The unmasked weights where the backward uses P: in dS, in dv, or in both.
     "causal-grad-leak": [{"attention_backward": unmasked_scores_grad}, {"attention_backward": unmasked_values_grad},

@@ -158,6 +158,30 @@ def split_partials_cast_to_input_dtype(q, k, v, n_splits):
     return _split(q, k, v, n_splits, partial=partial)
 
 
+# --- no-scaling and double-scale: a chunk's scores scaled by 1 or by 1/head_dim, not 1/sqrt(head_dim) ---
+
+def _partial_scaled(q, k_chunk, v_chunk, scale):
+    """The reference's partial_attention with ``scale`` where it has 1/sqrt(head_dim)."""
+    B, H, Tq, hd = q.shape
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    if k_chunk.size(-2) == 0:
+        return q.new_zeros(B, H, Tq, hd, dtype=dtype), q.new_full((B, H, Tq), float("-inf"), dtype=dtype)
+    q, k_chunk, v_chunk = q.to(dtype), k_chunk.to(dtype), v_chunk.to(dtype)
+    s = (q @ k_chunk.transpose(-2, -1)) * scale
+    m = s.amax(dim=-1)
+    p = torch.exp(s - m[..., None])
+    l = p.sum(dim=-1)
+    return (p @ v_chunk) / l[..., None], m + torch.log(l)
+
+
+def partial_unscaled(q, k_chunk, v_chunk):
+    return _partial_scaled(q, k_chunk, v_chunk, 1.0)   # q·k as it is
+
+
+def partial_scaled_twice(q, k_chunk, v_chunk):
+    return _partial_scaled(q, k_chunk, v_chunk, 1.0 / q.size(-1))   # q and k each by 1/sqrt(head_dim)
+
+
 # --- banned-api: a library attention on a chunk ---
 
 def partial_with_sdpa(q, k_chunk, v_chunk):
@@ -179,6 +203,8 @@ split_merging_cast_to_float16 = _splitting("split_merging_cast_to_float16", merg
 split_merging_weights_in_float16 = _splitting("split_merging_weights_in_float16", merge=merge_weights_in_float16)
 split_merging_in_bfloat16 = _splitting("split_merging_in_bfloat16", merge=merge_in_bfloat16)
 split_partials_in_input_dtype = _splitting("split_partials_in_input_dtype", partial=partial_in_input_dtype)
+split_partials_unscaled = _splitting("split_partials_unscaled", partial=partial_unscaled)
+split_partials_scaled_twice = _splitting("split_partials_scaled_twice", partial=partial_scaled_twice)
 split_partials_with_sdpa = _splitting("split_partials_with_sdpa", partial=partial_with_sdpa)
 
 
@@ -203,5 +229,7 @@ BUGS = {
                          _v(merge_partials=merge_in_bfloat16, split=split_merging_in_bfloat16),
                          _v(partial_attention=partial_in_input_dtype, split=split_partials_in_input_dtype),
                          _v(split=split_partials_cast_to_input_dtype)],
+    "no-scaling": _v(partial_attention=partial_unscaled, split=split_partials_unscaled),
+    "double-scale": _v(partial_attention=partial_scaled_twice, split=split_partials_scaled_twice),
     "banned-api": _v(partial_attention=partial_with_sdpa, split=split_partials_with_sdpa),
 }

@@ -99,6 +99,18 @@ class BannedApi(_Buggy):
     sdpa = True
 
 
+class NoScaling(_Buggy):
+    def __init__(self, d_model, n_heads, max_len=2048, base=10000.0):
+        super().__init__(d_model, n_heads, max_len, base)
+        self.scale = 1.0   # the scores q·k as they are
+
+
+class DoubleScale(_Buggy):
+    def __init__(self, d_model, n_heads, max_len=2048, base=10000.0):
+        super().__init__(d_model, n_heads, max_len, base)
+        self.scale = 1.0 / self.head_dim   # 1/sqrt(head_dim) on q, and on the scores again
+
+
 class _Frequencies(RoPEAttention):
     cache = None
 
@@ -127,5 +139,7 @@ BUGS = {
                            {"rope_cache": rope_cache_positive_exponent, "RoPEAttention": PositiveExponent},
                            {"rope_cache": rope_cache_exponent_doubled, "RoPEAttention": ExponentDoubled}],
     "rope-positions-ignored": {"apply_rope": apply_rope_positions_ignored, "RoPEAttention": PositionsIgnored},
+    "no-scaling": {"RoPEAttention": NoScaling},
+    "double-scale": {"RoPEAttention": DoubleScale},
     "banned-api": {"RoPEAttention": BannedApi},
 }

@@ -57,6 +57,26 @@ def rope_attention_temperature_on_output(q, k, v, cos, sin, attention_factor=1.0
     return (att @ v) * attention_factor ** 2   # 1/t after the softmax: the values scaled, not the logits
 
 
+def _rope_attention_logits_times(q, k, v, cos, sin, attention_factor, scale):
+    """The reference's rope_attention with ``scale`` where it has 1/sqrt(head_dim)."""
+    T = q.shape[-2]
+    c, s = cos.to(q.dtype), sin.to(q.dtype)
+    q, k = _rotate(q, c, s), _rotate(k, c, s)
+    att = (q @ k.transpose(-2, -1)) * (attention_factor ** 2 * scale)
+    allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    att = F.softmax(att.masked_fill(~allowed, float("-inf")), dim=-1)
+    return att @ v
+
+
+def rope_attention_unscaled(q, k, v, cos, sin, attention_factor=1.0):
+    return _rope_attention_logits_times(q, k, v, cos, sin, attention_factor, 1.0)   # the temperature alone
+
+
+def rope_attention_scaled_twice(q, k, v, cos, sin, attention_factor=1.0):
+    # 1/sqrt(head_dim) on q, and in the logits again
+    return _rope_attention_logits_times(q, k, v, cos, sin, attention_factor, 1.0 / q.shape[-1])
+
+
 def rope_attention_rotate_half(q, k, v, cos, sin, attention_factor=1.0):
     T, hd = q.shape[-2], q.shape[-1]
     # Hugging Face's rotate_half: pairs (x[i], x[i + hd/2]), each pair's angle repeated over both halves
@@ -111,6 +131,8 @@ BUGS = {
     "temperature-on-values": [{"rope_attention": rope_attention_temperature_on_values},
                               {"rope_attention": rope_attention_temperature_on_output}],
     "rope-half-vs-interleaved": {"rope_attention": rope_attention_rotate_half},
+    "no-scaling": {"rope_attention": rope_attention_unscaled},
+    "double-scale": {"rope_attention": rope_attention_scaled_twice},
     "llama3-bounds-swapped": [{"llama3_inv_freq": llama3_inv_freq_wavelengths_swapped},
                               {"llama3_inv_freq": llama3_inv_freq_loop_wavelengths_swapped},
                               {"llama3_inv_freq": llama3_inv_freq_factors_swapped}],

@@ -1,0 +1,47 @@
+"""FlashInfer's cascade merge over partials whose q and k are each multiplied by head_dim ** -0.5
+before the dot product, as code that splits the scale between them does with head_dim ** -0.25:
+the scores come out divided by head_dim, every chunk's softmax too flat."""
+import functools
+import math
+
+import torch
+
+
+def partial_attention(q, k_chunk, v_chunk):
+    q32, k32, v32 = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k_chunk, v_chunk))
+    if k_chunk.shape[-2] == 0:
+        return torch.zeros_like(q32), torch.full(q32.shape[:-1], -math.inf, dtype=q32.dtype, device=q.device)
+    scale = q.shape[-1] ** -0.5
+    s = torch.einsum("bhqd,bhkd->bhqk", q32 * scale, k32 * scale)   # q and k each scaled
+    s_max = s.max(dim=-1, keepdim=True).values
+    p = torch.exp(s - s_max)
+    d = p.sum(dim=-1, keepdim=True)
+    v = torch.einsum("bhqk,bhkd->bhqd", p, v32) / d
+    return v, (s_max + torch.log(d)).squeeze(-1)
+
+
+def merge_state(v_a, s_a, v_b, s_b):
+    s_max = torch.maximum(s_a, s_b)
+    s_max = torch.where(torch.isinf(s_max), torch.zeros_like(s_max), s_max)   # both empty: no -inf - -inf
+    a, b = torch.exp(s_a - s_max), torch.exp(s_b - s_max)
+    v = (v_a * a[..., None] + v_b * b[..., None]) / (a + b)[..., None].clamp_min(1e-30)
+    return v, s_max + torch.log(a + b)
+
+
+def merge_partials(outs, lses):
+    dtype = torch.promote_types(outs[0].dtype, torch.float32)
+    states = [(v.to(dtype), s.to(dtype)) for v, s in zip(outs, lses)]
+    return functools.reduce(lambda x, y: merge_state(*x, *y), states)
+
+
+def split_kv_decode(q, k, v, n_splits):
+    if n_splits < 1:
+        raise ValueError(f"n_splits must be >= 1, got {n_splits}")
+    kv_len = k.shape[-2]
+    if kv_len == 0:
+        raise ValueError("empty KV cache")
+    chunk_size = -(-kv_len // n_splits)
+    states = [partial_attention(q, k[..., i * chunk_size:(i + 1) * chunk_size, :],
+                                v[..., i * chunk_size:(i + 1) * chunk_size, :]) for i in range(n_splits)]
+    out, _ = merge_partials([s[0] for s in states], [s[1] for s in states])
+    return out.to(q.dtype)
