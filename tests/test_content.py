@@ -43,7 +43,8 @@ def test_a_recorded_grading_holds(slug, name, tmp_path, zygotes):
     kata = find(slug)
     subject = next(s for s in subjects(kata) if s.name == name)
     said, result = regrade(kata, subject, folder=tmp_path, zygote=zygotes(kata.framework))
-    assert not said, "\n".join(said + [f"{c['id']}: {c['message']}" for c in result["checks"] if c["status"] != "passed"])
+    failed = [f"{c['id']}: {c['message']}" for c in result["checks"] if c["status"] != "passed"]
+    assert not said, "\n".join(said + failed)
     if subject.rule == "tampering":   # the scan says where it looked
         assert all("inspect (line" in c["message"] for c in result["checks"] if c["diagnosis"] == TAMPERING)
 

@@ -99,7 +99,8 @@ def test_a_shared_code_with_its_own_explanation_or_an_unknown_one_is_refused(tmp
 
 def test_lint_lists_the_shared_mistakes_that_can_occur_and_fails_on_one_not_named(tmp_path):
     ok, said = check_shared_mistakes(find("gqa"))
-    assert ok and said.startswith("shared mistakes that can occur: kv-repeat-tiled") and "named: kv-repeat-tiled" in said
+    assert ok and said.startswith("shared mistakes that can occur: kv-repeat-tiled")
+    assert "named: kv-repeat-tiled" in said
     unnamed = parse(manifest(tmp_path, with_features(GQA, [*find("gqa").features, "rope"]), "gqa"))
     ok, said = check_shared_mistakes(unnamed)
     assert not ok and "can occur but not named (a bug oracle and `[diagnoses.CODE] shared = true`): " \
