@@ -21,6 +21,10 @@ def _tiled(q, k, v, block_q, block_k, causal, mistake):
     if causal and Tq > Tk:
         raise ValueError(f"causal attention needs Tq ({Tq}) <= Tk ({Tk})")
     scale = 1.0 / math.sqrt(hd)
+    if mistake == "no-scaling":
+        scale = 1.0
+    elif mistake == "double-scale":
+        scale = 1.0 / hd   # q scaled by 1/sqrt(hd), and its tiles' scores by it again
     offset = Tk - Tq
     # SDPA's is_causal: query i sits at position i, whatever Tk is, and the key blocks are skipped by that
     # position too. (Masked so but skipped bottom-right, the same values come back from more tiles, all
@@ -83,6 +87,16 @@ def _tiled(q, k, v, block_q, block_k, causal, mistake):
         lse[:, :, i0:i1] = torch.log(l) if mistake == "lse-log-l" else m + torch.log(l)
         ms[:, :, i0:i1], ls[:, :, i0:i1] = m, l
     return out, lse, ms, ls
+
+
+def unscaled(q, k, v, block_q=64, block_k=64, causal=False):
+    out, lse, _, _ = _tiled(q, k, v, block_q, block_k, causal, "no-scaling")
+    return out, lse
+
+
+def scaled_twice(q, k, v, block_q=64, block_k=64, causal=False):
+    out, lse, _, _ = _tiled(q, k, v, block_q, block_k, causal, "double-scale")
+    return out, lse
 
 
 def missing_rescale(q, k, v, block_q=64, block_k=64, causal=False):
@@ -199,5 +213,7 @@ BUGS = {
                             {"flash_attention": adds_each_tile_over_the_sum_so_far}],
     "lse-missing-max": {"flash_attention": lse_without_the_max},
     "mask-top-left-aligned": {"flash_attention": top_left_causal},
+    "no-scaling": {"flash_attention": unscaled},
+    "double-scale": {"flash_attention": scaled_twice},
     "banned-api": {"flash_attention": banned_api},
 }
