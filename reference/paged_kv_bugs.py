@@ -253,6 +253,26 @@ def paged_attention_kv_tiled(q, cache, seq_ids):
     return torch.cat(outs, dim=1).transpose(0, 1)   # (B, H, hd)
 
 
+# --- no-scaling, double-scale -----------------------------------------------------------------
+
+def paged_attention_no_scaling(q, cache, seq_ids):
+    B, H, hd = q.shape
+    outs = []
+    for b, seq_id in enumerate(seq_ids):
+        k, v = cache.gather(seq_id)   # (L, Hkv, hd) each
+        n_rep = H // k.shape[1]
+        k = k.transpose(0, 1).repeat_interleave(n_rep, dim=0).to(q.dtype)   # (H, L, hd)
+        v = v.transpose(0, 1).repeat_interleave(n_rep, dim=0).to(q.dtype)   # (H, L, hd)
+        scores = (k @ q[b].unsqueeze(-1)).squeeze(-1)   # (H, L): never divided by sqrt(hd)
+        outs.append(torch.softmax(scores, dim=-1).unsqueeze(1) @ v)   # (H, 1, hd)
+    return torch.cat(outs, dim=1).transpose(0, 1)   # (B, H, hd)
+
+
+def paged_attention_double_scale(q, cache, seq_ids):
+    # q scaled by 1/sqrt(hd), then the reference scales the scores again: divided by hd in all
+    return paged_attention(q / math.sqrt(q.shape[-1]), cache, seq_ids)
+
+
 # --- fork-aliases-block-table ----------------------------------------------------------------
 
 class ForkSharesTheTableList(_Cache):
@@ -294,6 +314,8 @@ BUGS = {
     "shared-block-written-in-place": [{"PagedKVCache": NoCopyOnWrite}, {"PagedKVCache": CopyButWriteTheOld}],
     "fork-aliases-block-table": {"PagedKVCache": ForkSharesTheTableList},
     "kv-repeat-tiled": {"paged_attention": paged_attention_kv_tiled},
+    "no-scaling": {"paged_attention": paged_attention_no_scaling},
+    "double-scale": {"paged_attention": paged_attention_double_scale},
     "banned-api": {"paged_attention": sdpa_paged_attention},
 }
 
