@@ -6,12 +6,14 @@ import torch.nn.functional as F
 from reference.mla import MultiHeadLatentAttention, apply_rope
 
 
-def attend(m, q_nope, q_rope, c_kv, k_rope, absorb, *, w_uk=None, w_uv_t=None, top_left=False, scale=None):
+def attend(m, q_nope, q_rope, c_kv, k_rope, absorb, *, w_uk=None, w_uv_t=None, top_left=False, scale=None,
+           softmax_dim=-1):
     """The reference's attention over a latent cache, (B, T, d_model): naive (keys and values
     up-projected from c_kv) or absorbed, with the per-head factors ``w_uk`` (H, nope, r) and
     ``w_uv_t`` (H, r, v) the absorbed path uses (the right ones unless a bug gives its own), the
-    causal mask aligned bottom-right (top-left where a bug says ``top_left``), and the scores
-    multiplied by the module's scale (by ``scale`` where a bug gives its own)."""
+    causal mask aligned bottom-right (top-left where a bug says ``top_left``), the scores
+    multiplied by the module's scale (by ``scale`` where a bug gives its own), and the softmax over
+    the keys, the last axis of (B, H, T, Tk) (over ``softmax_dim`` where a bug gives its own)."""
     B, T, H, _ = q_nope.shape
     nope, vd, r, Tk = m.qk_nope_dim, m.v_dim, m.kv_lora_rank, c_kv.shape[1]
     w = m.wkv_b.weight.view(H, nope + vd, r)
@@ -25,7 +27,7 @@ def attend(m, q_nope, q_rope, c_kv, k_rope, absorb, *, w_uk=None, w_uv_t=None, t
         scores = scores + torch.einsum("bthd,bshd->bhts", q_nope, kv[..., :nope])
     allowed = torch.ones(T, Tk, dtype=torch.bool, device=c_kv.device).tril(0 if top_left else Tk - T)
     scale = m.scale if scale is None else scale
-    att = F.softmax((scores * scale).masked_fill(~allowed, float("-inf")), dim=-1)
+    att = F.softmax((scores * scale).masked_fill(~allowed, float("-inf")), dim=softmax_dim)
     if absorb:
         o = torch.einsum("bthc,hcd->bthd", torch.einsum("bhts,bsc->bthc", att, c_kv), w_uv_t)
     else:
@@ -41,12 +43,14 @@ def queries(m, x, positions, rope=apply_rope):
     return q[..., :m.qk_nope_dim], rope(q[..., m.qk_nope_dim:], positions)
 
 
-def latent_forward(m, x, cache, absorb, down, rope=apply_rope, **options):
+def latent_forward(m, x, cache, absorb, down, rope=apply_rope, first=None, **options):
     """The reference's forward with ``down(m, x, positions) -> (c_kv, k_rope)`` making what is
-    cached, ``rope`` rotating the queries, and ``options`` for ``attend``."""
+    cached, ``rope`` rotating the queries, the new tokens at positions from the cache's length on
+    (from ``first`` where a bug gives its own), and ``options`` for ``attend``."""
     B, T, _ = x.shape
     past = 0 if cache is None else cache[0].shape[1]
-    positions = torch.arange(past, past + T, device=x.device)
+    first = past if first is None else first
+    positions = torch.arange(first, first + T, device=x.device)
     q_nope, q_rope = queries(m, x, positions, rope)
     c_kv, k_rope = down(m, x, positions)
     if cache is not None:
@@ -272,6 +276,39 @@ class AbsorbedScaledTwice(MultiHeadLatentAttention):
         return latent_forward(self, x, cache, absorb, right_down, scale=self.scale ** 2 if absorb else self.scale)
 
 
+# --- softmax-wrong-dim -------------------------------------------------------------------------
+
+class SoftmaxOverQueries(MultiHeadLatentAttention):
+    def forward(self, x, cache=None, absorb=False):
+        # each key's scores normalised over the queries (dim -2 of (B, H, T, Tk)), on both paths:
+        # a decoded token's one query gives every key the weight 1
+        return latent_forward(self, x, cache, absorb, right_down, softmax_dim=-2)
+
+
+class AbsorbedSoftmaxOverQueries(MultiHeadLatentAttention):
+    def forward(self, x, cache=None, absorb=False):
+        # the absorbed path's softmax, written apart from the naive path's, over the queries: the
+        # naive path is right, and absorption disagrees with it
+        return latent_forward(self, x, cache, absorb, right_down, softmax_dim=-2 if absorb else -1)
+
+
+# --- position-off-by-one -----------------------------------------------------------------------
+
+class DecodesOnePositionLate(MultiHeadLatentAttention):
+    def forward(self, x, cache=None, absorb=False):
+        # after a cache of n tokens the new ones turned at n + 1, n + 2, ...: the first sits at n
+        first = 0 if cache is None else cache[0].shape[1] + 1
+        return latent_forward(self, x, cache, absorb, right_down, first=first)
+
+
+class PositionsFromOne(MultiHeadLatentAttention):
+    def forward(self, x, cache=None, absorb=False):
+        # every token turned at its position + 1, counted from 1: each score is unchanged (queries and
+        # keys move together), but the cached keys are not the ones rotated at their positions
+        past = 0 if cache is None else cache[0].shape[1]
+        return latent_forward(self, x, cache, absorb, right_down, first=past + 1)
+
+
 # --- the cache-size functions -----------------------------------------------------------------
 
 def latent_counted_twice(kv_lora_rank, qk_rope_dim, n_layers=1, dtype_bytes=2):
@@ -306,6 +343,10 @@ BUGS = {
                    {"MultiHeadLatentAttention": AbsorbedUnscaled}],
     "double-scale": [{"MultiHeadLatentAttention": ScaledTwice},
                      {"MultiHeadLatentAttention": AbsorbedScaledTwice}],
+    "softmax-wrong-dim": [{"MultiHeadLatentAttention": SoftmaxOverQueries},
+                          {"MultiHeadLatentAttention": AbsorbedSoftmaxOverQueries}],
+    "position-off-by-one": [{"MultiHeadLatentAttention": DecodesOnePositionLate},
+                            {"MultiHeadLatentAttention": PositionsFromOne}],
     "latent-counted-twice": [{"mla_cache_bytes_per_token": latent_counted_twice},
                              {"mla_cache_bytes_per_token": latent_counted_twice_rope_once}],
     "kv-cache-missing-kv-factor": {"kv_cache_bytes_per_token": kv_missing_factor},
