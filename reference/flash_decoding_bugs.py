@@ -182,6 +182,20 @@ def partial_scaled_twice(q, k_chunk, v_chunk):
     return _partial_scaled(q, k_chunk, v_chunk, 1.0 / q.size(-1))   # q and k each by 1/sqrt(head_dim)
 
 
+# --- softmax-wrong-dim: a chunk's max and sum taken over the queries instead of its keys ---
+
+def partial_softmax_over_queries(q, k_chunk, v_chunk):
+    out, lse = partial_attention(q, k_chunk, v_chunk)   # the lse over the keys, as its (B, H, Tq) shape asks
+    if k_chunk.size(-2) == 0:
+        return out, lse
+    q, k_chunk, v_chunk = q.to(lse.dtype), k_chunk.to(lse.dtype), v_chunk.to(lse.dtype)
+    s = (q @ k_chunk.transpose(-2, -1)) / math.sqrt(q.size(-1))   # (B, H, Tq, Tc)
+    m = s.amax(dim=-2, keepdim=True)   # (B, H, 1, Tc): each key's largest score over the queries
+    p = torch.exp(s - m)
+    # each key's weights sum to 1 over the queries: one decoding query gives every key the weight 1
+    return (p / p.sum(dim=-2, keepdim=True)) @ v_chunk, lse
+
+
 # --- banned-api: a library attention on a chunk ---
 
 def partial_with_sdpa(q, k_chunk, v_chunk):
@@ -205,6 +219,8 @@ split_merging_in_bfloat16 = _splitting("split_merging_in_bfloat16", merge=merge_
 split_partials_in_input_dtype = _splitting("split_partials_in_input_dtype", partial=partial_in_input_dtype)
 split_partials_unscaled = _splitting("split_partials_unscaled", partial=partial_unscaled)
 split_partials_scaled_twice = _splitting("split_partials_scaled_twice", partial=partial_scaled_twice)
+split_partials_softmax_over_queries = _splitting("split_partials_softmax_over_queries",
+                                                 partial=partial_softmax_over_queries)
 split_partials_with_sdpa = _splitting("split_partials_with_sdpa", partial=partial_with_sdpa)
 
 
@@ -231,5 +247,6 @@ BUGS = {
                          _v(split=split_partials_cast_to_input_dtype)],
     "no-scaling": _v(partial_attention=partial_unscaled, split=split_partials_unscaled),
     "double-scale": _v(partial_attention=partial_scaled_twice, split=split_partials_scaled_twice),
+    "softmax-wrong-dim": _v(partial_attention=partial_softmax_over_queries, split=split_partials_softmax_over_queries),
     "banned-api": _v(partial_attention=partial_with_sdpa, split=split_partials_with_sdpa),
 }

@@ -1,0 +1,47 @@
+"""The online softmax over splits as in online_over_splits.py, with each chunk's torch.softmax over
+dim 2 of its (B, H, Tq, Tc) scores: the queries, not the chunk's keys. The lse, torch.logsumexp
+over dim -1, is right; the out is not: each key's weights sum to 1 over the queries, and one
+decoding query gives every key of the chunk the weight 1."""
+import math
+
+import torch
+
+
+def partial_attention(q, k_chunk, v_chunk):
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    n_keys = k_chunk.shape[2]
+    if n_keys == 0:
+        out = torch.zeros(q.shape, dtype=dtype, device=q.device)
+        return out, torch.full(q.shape[:3], float("-inf"), dtype=dtype, device=q.device)
+    scores = (q.to(dtype) / math.sqrt(q.shape[3])) @ k_chunk.to(dtype).transpose(2, 3)
+    return torch.softmax(scores, dim=2) @ v_chunk.to(dtype), torch.logsumexp(scores, dim=-1)
+
+
+def merge_partials(outs, lses):
+    dtype = torch.promote_types(lses[0].dtype, torch.float32)
+    m = torch.full(lses[0].shape, float("-inf"), dtype=dtype, device=lses[0].device)
+    l = torch.zeros_like(m)
+    acc = torch.zeros(outs[0].shape, dtype=dtype, device=outs[0].device)
+    for out_j, lse_j in zip(outs, lses):
+        m_new = torch.maximum(m, lse_j.to(dtype))
+        safe = torch.where(m_new == float("-inf"), 0.0, m_new)   # nothing seen yet: any shift will do
+        alpha, w = torch.exp(m - safe), torch.exp(lse_j.to(dtype) - safe)
+        l = alpha * l + w
+        acc = alpha[..., None] * acc + w[..., None] * out_j.to(dtype)
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+
+
+def split_kv_decode(q, k, v, n_splits):
+    assert n_splits >= 1, "n_splits must be at least 1"
+    T = k.shape[2]
+    assert T > 0, "the KV cache is empty"
+    size = (T + n_splits - 1) // n_splits
+    outs, lses = [], []
+    for split in range(n_splits):
+        lo, hi = min(split * size, T), min(split * size + size, T)
+        o, s = partial_attention(q, k[:, :, lo:hi], v[:, :, lo:hi])
+        outs.append(o)
+        lses.append(s)
+    out, _ = merge_partials(outs, lses)
+    return out.to(q.dtype)
