@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from reference.gqa import GroupedQueryAttention
+from reference.gqa import GroupedQueryAttention, repeat_kv
 
 
 def repeat_kv_tiled(x, n_rep):
@@ -54,6 +54,21 @@ class DoubleScale(GroupedQueryAttention):
         self.scale = 1.0 / self.head_dim   # 1/sqrt(head_dim) twice: q scaled, then the scores again
 
 
+class SoftmaxWrongDim(GroupedQueryAttention):
+    def forward(self, x, causal=True):
+        B, T, C = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
+        att = (q @ k.transpose(-2, -1)) * self.scale   # (B, H, T, T)
+        if causal:
+            allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~allowed, float("-inf"))
+        y = F.softmax(att, dim=-2) @ v   # normalised over the queries, not the keys
+        return self.o_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
 class NoCausalMask(GroupedQueryAttention):
     def forward(self, x, causal=True):
         return super().forward(x, causal=False)   # the flag is ignored: every query sees the future
@@ -75,6 +90,7 @@ BUGS = {
     "scale-by-d-model": {"GroupedQueryAttention": ScaleByDModel},
     "no-scaling": {"GroupedQueryAttention": NoScaling},
     "double-scale": {"GroupedQueryAttention": DoubleScale},
+    "softmax-wrong-dim": {"GroupedQueryAttention": SoftmaxWrongDim},
     "no-causal-mask": {"GroupedQueryAttention": NoCausalMask},
     "banned-api": {"GroupedQueryAttention": BannedApi},
 }
