@@ -50,6 +50,21 @@ def mha_by_loop_double_scale(mha, x):
     return mha.proj(torch.cat(heads, dim=-1))
 
 
+def mha_by_loop_softmax_wrong_dim(mha, x):
+    B, T, C = x.shape
+    hd = mha.head_dim
+    W_q, W_k, W_v = mha.qkv.weight.split(C, dim=0)
+    q, k, v = x @ W_q.T, x @ W_k.T, x @ W_v.T
+    allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+    heads = []
+    for i in range(mha.n_head):
+        h = slice(i * hd, (i + 1) * hd)
+        att = (q[..., h] @ k[..., h].transpose(-2, -1)) / math.sqrt(hd)   # (B, T, T)
+        att = att.masked_fill(~allowed, float("-inf"))
+        heads.append(F.softmax(att, dim=-2) @ v[..., h])   # normalised over the queries, not the keys
+    return mha.proj(torch.cat(heads, dim=-1))
+
+
 def mha_by_loop_interleaved(mha, x):
     B, T, C = x.shape
     hd = mha.head_dim
@@ -123,6 +138,7 @@ BUGS = {
     "scale-by-d-model": {"mha_by_loop": mha_by_loop_scale_by_d_model},
     "no-scaling": {"mha_by_loop": mha_by_loop_no_scaling},
     "double-scale": {"mha_by_loop": mha_by_loop_double_scale},
+    "softmax-wrong-dim": {"mha_by_loop": mha_by_loop_softmax_wrong_dim},
     "qkv-layout-interleaved": {"mha_by_loop": mha_by_loop_interleaved},
     "missing-weight-transpose": {"mha_by_loop": mha_by_loop_no_transpose},
     "missing-out-proj": {"mha_by_loop": mha_by_loop_no_out_proj},
