@@ -94,6 +94,20 @@ class DoubleScale(MultiHeadAttention):
         self.scale = 1.0 / self.head_dim   # 1/sqrt(head_dim) twice: q scaled, then the scores again
 
 
+class SoftmaxWrongDim(MultiHeadAttention):
+    def forward(self, query, key, value, key_padding_mask=None, attn_mask=None):
+        q = self.split_heads(self.q_proj(query))
+        k = self.split_heads(self.k_proj(key))
+        v = self.split_heads(self.v_proj(value))
+        att = (q @ k.transpose(-2, -1)) * self.scale   # (B, H, Tq, Tk)
+        allowed = self.combine_masks(key_padding_mask, attn_mask)
+        if allowed is not None:
+            att = att.masked_fill(~allowed, float("-inf"))
+        # normalised over the queries, not the keys: a padded key's all -inf column comes out NaN
+        att = F.softmax(att, dim=-2)
+        return self.out_proj(self.merge_heads(att @ v)), att
+
+
 class HeadsAveraged(MultiHeadAttention):
     keepdim = False   # nn.MultiheadAttention's default shape: (B, Tq, Tk)
 
@@ -127,6 +141,7 @@ BUGS = {
     "scale-by-d-model": {"MultiHeadAttention": ScaleByDModel},
     "no-scaling": {"MultiHeadAttention": NoScaling},
     "double-scale": {"MultiHeadAttention": DoubleScale},
+    "softmax-wrong-dim": {"MultiHeadAttention": SoftmaxWrongDim},
     "heads-averaged": [{"MultiHeadAttention": HeadsAveraged}, {"MultiHeadAttention": HeadsAveragedKeepdim}],
     "banned-api": {"MultiHeadAttention": BannedApi},
 }
