@@ -57,7 +57,10 @@ def _tiled(q, k, v, block_q, block_k, causal, mistake):
                 rows = mask_offset + torch.arange(i0, i1, device=q.device)
                 cols = torch.arange(j0, j1, device=q.device)
                 s = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
-            m_new = torch.maximum(m, s.amax(dim=-1))
+            # stats-over-queries: the max (and the sum below) over the tile's queries, one per key (B, H, bk): it
+            # meets the per-query m and l where the tile is square (or one side is 1), and raises elsewhere.
+            axis = -2 if mistake == "stats-over-queries" else -1
+            m_new = torch.maximum(m, s.amax(dim=axis))
             p = torch.exp(s - m_new[..., None])
             alpha = torch.exp(m - m_new)
             pv = p @ v[:, :, j0:j1]
@@ -75,6 +78,14 @@ def _tiled(q, k, v, block_q, block_k, causal, mistake):
                 kept = {"divide-every-block": alpha / l, "drop-correction": 1 / l, "divide-tile-by-sum": alpha,
                         "add-tile-over-sum": torch.ones_like(l)}[mistake]
                 acc = kept[..., None] * acc + pv / l[..., None]
+            elif mistake == "stats-over-queries":
+                l, acc = alpha * l + p.sum(dim=-2), alpha[..., None] * acc + pv
+            elif mistake == "tile-softmax-over-queries":
+                # p is its row sum times the tile's softmax over its keys; that softmax taken over the tile's
+                # queries instead sums to 1 down each key's column (a key no query of the tile may see: 0).
+                l = alpha * l + p.sum(dim=-1)
+                w = torch.softmax(s, dim=-2).nan_to_num()   # (B, H, bq, bk)
+                acc = alpha[..., None] * acc + (p.sum(dim=-1, keepdim=True) * w) @ v[:, :, j0:j1]
             elif mistake == "softmax-per-block":   # each tile's own softmax, the tiles' outputs added up
                 l = alpha * l + p.sum(dim=-1)
                 acc = acc + (p / p.sum(dim=-1, keepdim=True)) @ v[:, :, j0:j1]
@@ -179,6 +190,16 @@ def softmax_per_block(q, k, v, block_q=64, block_k=64, causal=False):
     return out, lse
 
 
+def tile_softmax_over_the_queries(q, k, v, block_q=64, block_k=64, causal=False):
+    out, lse, _, _ = _tiled(q, k, v, block_q, block_k, causal, "tile-softmax-over-queries")
+    return out, lse
+
+
+def running_max_and_sum_over_the_queries(q, k, v, block_q=64, block_k=64, causal=False):
+    out, lse, _, _ = _tiled(q, k, v, block_q, block_k, causal, "stats-over-queries")   # s.amax(-2), p.sum(-2)
+    return out, lse
+
+
 def lse_without_the_max(q, k, v, block_q=64, block_k=64, causal=False):
     out, lse, _, _ = _tiled(q, k, v, block_q, block_k, causal, "lse-log-l")   # log(l): log sum exp(s) - m
     return out, lse
@@ -211,6 +232,8 @@ BUGS = {
                             {"flash_attention": drops_the_correction},
                             {"flash_attention": divides_each_tile_by_the_sum_so_far},
                             {"flash_attention": adds_each_tile_over_the_sum_so_far}],
+    "softmax-wrong-dim": [{"flash_attention": tile_softmax_over_the_queries},
+                          {"flash_attention": running_max_and_sum_over_the_queries}],
     "lse-missing-max": {"flash_attention": lse_without_the_max},
     "mask-top-left-aligned": {"flash_attention": top_left_causal},
     "no-scaling": {"flash_attention": unscaled},
