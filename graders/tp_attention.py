@@ -324,23 +324,19 @@ def test_own_shards_only(learner, bugs, kata, rng):
                          **kata.tolerance("float64"))
 
 
-def least_sent(ranks, run, times=3, tries=6) -> int | None:
-    """The fewest bytes the ranks send over their loopback in one call of ``run``, among ``times``
-    calls that resent no segment (None where the count is not theirs alone). A count is what the
-    code sends plus noise, never less: an acknowledgement of an earlier exchange, or on a loaded
-    machine segments dropped and sent again, which the kernel counts apart and which rule a call
-    out (up to ``tries`` calls; if every one resent, the least of them all). What the code sends
-    comes back every call, the noise does not."""
-    if ranks.loopback_bytes() is None or ranks.loopback_resent() is None:
-        for _ in range(times):
-            run()
-        return None
-    counts = []   # (segments resent, bytes sent) of each call
-    while len(counts) < tries and sum(resent == 0 for resent, _ in counts) < times:
-        sent, resent = ranks.loopback_bytes(), ranks.loopback_resent()
+def least_sent(ranks, run, times=3) -> int | None:
+    """The fewest bytes the ranks send over their loopback in one of ``times`` calls of ``run``
+    (None where the count is not theirs alone). A count is what the code sends plus noise, never
+    less: an acknowledgement of an earlier exchange, a segment resent on a loaded machine. What the
+    code sends comes back every call, the noise does not, so the least count is the code's. The
+    calls are always ``times``: what the grader asks of the code never depends on the noise."""
+    counts = []
+    for _ in range(times):
+        before = ranks.loopback_bytes()
         run()
-        counts.append((ranks.loopback_resent() - resent, ranks.loopback_bytes() - sent))
-    return min(sent for resent, sent in counts if resent == 0 or all(r for r, _ in counts))
+        after = ranks.loopback_bytes()
+        counts.append(None if before is None or after is None else after - before)
+    return None if None in counts else min(counts)
 
 
 def test_one_all_reduce(learner, bugs, rng):

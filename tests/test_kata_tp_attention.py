@@ -10,7 +10,8 @@ import torch
 
 from conftest import checks_by_id
 from graders.engine.manifest import find
-from graders.tp_attention import CONFIGS, REPLICATED, full_weights, normal, per_rank, sdpa, simulate, single
+from graders.tp_attention import (CONFIGS, REPLICATED, full_weights, least_sent, normal, per_rank, sdpa, simulate,
+                                  single)
 from reference import tp_attention_bugs as bugs
 from reference.tp_attention import TensorParallelAttention
 from reference.tp_attention_expected import CausalSelfAttention
@@ -170,6 +171,26 @@ def test_an_all_gather_instead_of_the_all_reduce_is_counted(grade_source):
     assert checks["one-all-reduce"]["status"] == "failed" and "all_gather" in checks["one-all-reduce"]["message"]
     assert checks["one-all-reduce"]["diagnosis"] is None
     assert checks["matches-single-process"]["status"] == "passed"
+
+
+def test_the_bytes_are_counted_over_the_same_calls_whatever_the_noise():
+    """What one-all-reduce asks of the code never depends on the machine's noise: three measured
+    calls, the least count kept, even where a loaded machine resends a segment in one of them (a
+    count of calls that moved with the noise made a mutant's grading differ from the reference's
+    where their answers did not, so an equivalent mutant read as a survivor)."""
+    class Loopback:   # a loopback whose first call also resends 900 bytes
+        sent, calls = 0, 0
+
+        def loopback_bytes(self):
+            return self.sent
+
+        def run(self):
+            self.calls += 1
+            self.sent += 1000 + (900 if self.calls == 1 else 0)
+
+    ranks = Loopback()
+    assert least_sent(ranks, ranks.run) == 1000
+    assert ranks.calls == 3
 
 
 def test_communication_outside_torch_distributeds_functions_is_named_by_the_process_groups_record(grade_source):

@@ -251,9 +251,6 @@ def test_the_groups_loopback_traffic_is_counted_from_outside(ranks_of):
     ranks.each(lambda r, learner: learner.kit_function("all_reduce")(torch.ones(25_000)))   # 100 kB a rank
     sent = ranks.loopback_bytes() - before
     assert 100_000 <= sent <= 400_000, sent
-    # segments the kernel sent again (a loaded machine's drops) are counted apart, for the same network
-    resent = ranks.loopback_resent()
-    assert isinstance(resent, int) and resent >= 0
 
 
 def test_a_grading_keeps_one_group_per_world_and_closing_its_sandbox_ends_it(ranks_of):

@@ -457,10 +457,6 @@ class Ranks:
         """See RankGroup.loopback_bytes."""
         return self.group.loopback_bytes()
 
-    def loopback_resent(self) -> int | None:
-        """See RankGroup.loopback_resent."""
-        return self.group.loopback_resent()
-
     def collectives(self, after: list[int] | None = None) -> list[dict]:
         """Each rank's record of the collectives it entered (worker.collectives), after record
         ``after[rank]``."""

@@ -901,15 +901,6 @@ class RankGroup:
                 return int(counts.split()[8])   # transmitted bytes
         return None
 
-    def loopback_resent(self) -> int | None:
-        """TCP segments the group's ranks have sent again so far (dropped on a loaded machine), from
-        the kernel's count of their network (/proc/PID/net/snmp), as ``loopback_bytes``."""
-        if not self.sandbox.zygote.isolated or not self.running:
-            return None
-        tcp = [line.split() for line in _read_proc(f"/proc/{self.ranks[0].proc.pid}/net/snmp", 1 << 14).decode()
-               .splitlines() if line.startswith("Tcp:")]
-        return int(tcp[1][tcp[0].index("RetransSegs")]) if len(tcp) == 2 and "RetransSegs" in tcp[0] else None
-
 
 class RankSandbox(Sandbox):
     """One rank of a RankGroup: a Sandbox whose worker the group forks, and whose failure stops
