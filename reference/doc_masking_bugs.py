@@ -129,6 +129,14 @@ def packed_attention_inclusive_end(q, k, v, cu_seqlens, prefix_lens=None):
     return _attend(q, k, v, (docs[:, None] == docs[None, :]) & allowed)
 
 
+# position-off-by-one ------------------------------------------------------------------------------
+
+def position_ids_from_one(cu_seqlens):
+    docs = _ids(cu_seqlens)
+    tokens = torch.arange(1, len(docs) + 1, device=cu_seqlens.device)   # counted from 1, not 0
+    return tokens - cu_seqlens.long()[docs]   # every document's positions run 1 .. n
+
+
 # no-scaling, double-scale -------------------------------------------------------------------------
 
 def _packed_mask(cu_seqlens, prefix_lens):
@@ -149,6 +157,14 @@ def packed_attention_no_scaling(q, k, v, cu_seqlens, prefix_lens=None):
 def packed_attention_double_scale(q, k, v, cu_seqlens, prefix_lens=None):
     q = q / math.sqrt(q.size(-1))   # q scaled, and _attend scales the scores again: divided by d in all
     return _attend(q, k, v, _packed_mask(cu_seqlens, prefix_lens))
+
+
+# softmax-wrong-dim --------------------------------------------------------------------------------
+
+def packed_attention_softmax_over_queries(q, k, v, cu_seqlens, prefix_lens=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    scores = scores.masked_fill(~_packed_mask(cu_seqlens, prefix_lens).to(q.device), float("-inf"))
+    return torch.softmax(scores, dim=-2) @ v   # over the queries: each key's column sums to 1, no query's row
 
 
 # banned-api ---------------------------------------------------------------------------------------
@@ -178,7 +194,9 @@ BUGS = {
                             {"document_mask": document_mask_inclusive_end},
                             {"position_ids": position_ids_first_token_continues},
                             {"packed_attention": packed_attention_inclusive_end}],
+    "position-off-by-one": {"position_ids": position_ids_from_one},
     "no-scaling": {"packed_attention": packed_attention_no_scaling},
     "double-scale": {"packed_attention": packed_attention_double_scale},
+    "softmax-wrong-dim": {"packed_attention": packed_attention_softmax_over_queries},
     "banned-api": {"packed_attention": packed_attention_sdpa},
 }

@@ -82,6 +82,10 @@ MISTAKES = {
     "positions-not-reset": (
         "def position_ids(cu_seqlens):\n"
         "    return torch.arange(int(cu_seqlens[-1]), device=cu_seqlens.device)\n"),
+    "position-off-by-one": (
+        "def position_ids(cu_seqlens):\n"
+        "    docs = document_ids(cu_seqlens)\n"
+        "    return torch.arange(1, len(docs) + 1, device=cu_seqlens.device) - cu_seqlens.long()[docs]\n"),
     "causal-over-prefix": (
         "def prefix_lm_mask(cu_seqlens, prefix_lens):\n"
         "    return document_mask(cu_seqlens)\n"),
@@ -100,6 +104,11 @@ MISTAKES = {
         "    q = q / math.sqrt(q.size(-1))\n"
         "    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(~mask, float('-inf'))\n"
         "    return torch.softmax(scores, dim=-1) @ v\n"),
+    "softmax-wrong-dim": (
+        "def packed_attention(q, k, v, cu_seqlens, prefix_lens=None):\n"
+        "    mask = document_mask(cu_seqlens) if prefix_lens is None else prefix_lm_mask(cu_seqlens, prefix_lens)\n"
+        "    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(~mask, float('-inf'))\n"
+        "    return torch.softmax(scores, dim=-2) @ v\n"),
     "banned-api": (
         "import torch.nn.functional as F\n"
         "def packed_attention(q, k, v, cu_seqlens, prefix_lens=None):\n"
