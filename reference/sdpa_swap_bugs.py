@@ -22,6 +22,14 @@ class NoScaling(CausalSelfAttention):
         return self.attn_dropout(F.softmax(att, dim=-1)) @ v
 
 
+class SoftmaxWrongDim(CausalSelfAttention):
+    def manual_attention(self, q, k, v):
+        T = q.size(-2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        att = att.masked_fill(~self.mask[:T, :T], float("-inf"))
+        return self.attn_dropout(F.softmax(att, dim=-2)) @ v   # over the queries: each key's column sums to 1
+
+
 class DropoutInEval(CausalSelfAttention):
     def flash_attention(self, q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout)   # in eval too
@@ -78,6 +86,7 @@ class ManualPathNoDropoutAtAll(CausalSelfAttention):
 BUGS = {
     "double-scale": {"CausalSelfAttention": DoubleScale},
     "no-scaling": {"CausalSelfAttention": NoScaling},
+    "softmax-wrong-dim": {"CausalSelfAttention": SoftmaxWrongDim},
     "dropout-in-eval": {"CausalSelfAttention": DropoutInEval},
     "sdpa-with-explicit-mask": {"CausalSelfAttention": SdpaWithExplicitMask},
     "sdpa-not-used": {"CausalSelfAttention": SdpaNotUsed},
