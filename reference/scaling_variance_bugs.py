@@ -1,4 +1,6 @@
 """Known scaling-variance bugs, each the reference with exactly that mistake."""
+import numpy as np
+
 from reference import scaling_variance as ref
 
 
@@ -26,8 +28,19 @@ def mean_max_weight_mixup(d_k, n_keys=16, scale="sqrt", n_trials=2_000, seed=0):
     return ref.mean_max_weight(d_k, n_keys, SWAPPED.get(scale, scale), n_trials, seed)
 
 
+def mean_max_weight_over_queries(d_k, n_keys=16, scale="sqrt", n_trials=2_000, seed=0):
+    s = ref._divisor(d_k, scale)
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((n_trials, d_k, 1))        # (N, d_k, 1)
+    k = rng.standard_normal((n_trials, n_keys, d_k))   # (N, n_keys, d_k)
+    scores = (k @ q)[..., 0] / s                       # (N, n_keys): one query per trial
+    e = np.exp(scores - scores.max(axis=0, keepdims=True))   # over the trials' queries, not each one's keys
+    return float(np.mean((e / e.sum(axis=0, keepdims=True)).max(axis=-1)))
+
+
 BUGS = {
     "variance-not-std": {"score_std": score_variance, "sample_score_std": sample_score_variance},
     "scale-mixup": {"score_std": score_std_mixup, "sample_score_std": sample_score_std_mixup,
                     "mean_max_weight": mean_max_weight_mixup},
+    "softmax-wrong-dim": {"mean_max_weight": mean_max_weight_over_queries},
 }
