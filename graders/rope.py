@@ -22,8 +22,9 @@ ROPE_CASES = [(2, 3, 6, 8, torch.float64, [5, 6, 7, 8, 9, 10]),
 # Module configs (B, T, d_model, n_heads): head_dim 8 and 16 (4 and 8 pairs), != n_heads != T.
 CONFIGS = [(2, 7, 24, 3), (3, 6, 32, 2)]
 # The bugs a decode check can name: their chunked run differs from their own forward over the whole
-# sequence (a token rotated at its index in the chunk, not at past + index).
-DECODE_CODES = ("rope-positions-ignored",)
+# sequence (a token rotated at its index in the chunk, not at past + index; a softmax over the
+# queries, which each chunk takes over its own queries alone).
+DECODE_CODES = ("rope-positions-ignored", "softmax-wrong-dim")
 KEYS = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"]
 CASE = ("x: {dtype} ({B}, {T}, {d}), standard normal; n_heads={H}, head_dim={hd}; weights injected "
         "(W ~ N(0, 1/{d}), no bias); {base}")

@@ -2,7 +2,7 @@
 import torch
 import torch.nn.functional as F
 
-from reference.rope import RoPEAttention, apply_rope
+from reference.rope import RoPEAttention, _frequencies, apply_rope
 
 
 def _rotate_half(x):
@@ -36,6 +36,12 @@ def _odd(head_dim):
         raise ValueError(f"head_dim ({head_dim}) must be even")
 
 
+def rope_cache_from_one(T, head_dim, base=10000.0, dtype=torch.float32):
+    theta = _frequencies(head_dim, base)
+    angle = torch.arange(1, T + 1, dtype=torch.float64)[:, None] * theta   # positions 1..T: row p is p + 1
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
 def rope_cache_i_over_hd(T, head_dim, base=10000.0, dtype=torch.float32):
     _odd(head_dim)
     theta = base ** (-torch.arange(head_dim // 2, dtype=torch.float64) / head_dim)   # i/hd: the 2 forgotten
@@ -58,11 +64,13 @@ class _Buggy(RoPEAttention):
     rope = staticmethod(apply_rope)
     rotate_values = False
     sdpa = False
+    first = 0   # x's tokens sit at past + first .. past + first + T - 1
+    softmax_dim = -1
 
     def forward(self, x, past_kv=None):
         B, T, C = x.shape
         past = 0 if past_kv is None else past_kv[0].shape[2]
-        positions = torch.arange(past, past + T, device=x.device)
+        positions = torch.arange(past + self.first, past + self.first + T, device=x.device)
         q, k, v = (p(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
                    for p in (self.q_proj, self.k_proj, self.v_proj))
         q, k = self.rope(q, self.cos, self.sin, positions), self.rope(k, self.cos, self.sin, positions)
@@ -75,7 +83,7 @@ class _Buggy(RoPEAttention):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         else:
             att = ((q @ k.transpose(-2, -1)) * self.scale).masked_fill(~allowed, float("-inf"))
-            y = F.softmax(att, dim=-1) @ v
+            y = F.softmax(att, dim=self.softmax_dim) @ v
         return self.o_proj(y.transpose(1, 2).contiguous().view(B, T, C)), (k, v)
 
 
@@ -99,6 +107,14 @@ class BannedApi(_Buggy):
     sdpa = True
 
 
+class SoftmaxOverQueries(_Buggy):
+    softmax_dim = -2   # (B, H, T, past + T): normalised over the queries, not the keys
+
+
+class PositionsFromOne(_Buggy):
+    first = 1   # x's tokens at past + 1 .. past + T
+
+
 class NoScaling(_Buggy):
     def __init__(self, d_model, n_heads, max_len=2048, base=10000.0):
         super().__init__(d_model, n_heads, max_len, base)
@@ -117,6 +133,10 @@ class _Frequencies(RoPEAttention):
     def __init__(self, d_model, n_heads, max_len=2048, base=10000.0):
         super().__init__(d_model, n_heads, max_len, base)
         self.cos, self.sin = type(self).cache(max_len, self.head_dim, base, dtype=torch.float64)
+
+
+class CacheFromOne(_Frequencies):
+    cache = staticmethod(rope_cache_from_one)
 
 
 class IOverHd(_Frequencies):
@@ -141,5 +161,8 @@ BUGS = {
     "rope-positions-ignored": {"apply_rope": apply_rope_positions_ignored, "RoPEAttention": PositionsIgnored},
     "no-scaling": {"RoPEAttention": NoScaling},
     "double-scale": {"RoPEAttention": DoubleScale},
+    "softmax-wrong-dim": {"RoPEAttention": SoftmaxOverQueries},
+    "position-off-by-one": [{"rope_cache": rope_cache_from_one, "RoPEAttention": CacheFromOne},
+                            {"RoPEAttention": PositionsFromOne}],
     "banned-api": {"RoPEAttention": BannedApi},
 }

@@ -299,6 +299,18 @@ def test_a_module_that_restarts_positions_is_named(grade_source):
     assert hidden["same_cause_as"] == "decode-with-cache-equals-full" and hidden["diagnosis"] is None
 
 
+def test_positions_counted_from_one_hide_in_the_output_and_show_in_the_cached_keys(grade_source):
+    # q and k shifted alike: q·k, and so the output, is unchanged; the key at position 0 is turned.
+    reference = find("rope").reference_path.read_text()
+    source = reference.replace("positions = torch.arange(past, past + T, device=x.device)",
+                               "positions = torch.arange(past + 1, past + T + 1, device=x.device)")
+    assert source != reference
+    result = grade_source("rope", source)
+    assert failed(result) == {"matches-reference", "rotates-q-and-k-only"}
+    assert "the cached k" in checks_by_id(result)["matches-reference"]["message"]
+    assert result["diagnoses"] == ["position-off-by-one"]
+
+
 def test_sdpa_is_banned(grade_source):
     source = SOLUTION.replace("import torch.nn as nn", "import torch.nn as nn\nimport torch.nn.functional as F")
     source = source.replace("        y = scores.softmax(dim=-1) @ v\n",
