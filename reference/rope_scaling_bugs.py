@@ -77,6 +77,16 @@ def rope_attention_scaled_twice(q, k, v, cos, sin, attention_factor=1.0):
     return _rope_attention_logits_times(q, k, v, cos, sin, attention_factor, 1.0 / q.shape[-1])
 
 
+def rope_attention_softmax_over_queries(q, k, v, cos, sin, attention_factor=1.0):
+    T, hd = q.shape[-2], q.shape[-1]
+    c, s = cos.to(q.dtype), sin.to(q.dtype)
+    q, k = _rotate(q, c, s), _rotate(k, c, s)
+    att = (q @ k.transpose(-2, -1)) * (attention_factor ** 2 / math.sqrt(hd))
+    allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    att = F.softmax(att.masked_fill(~allowed, float("-inf")), dim=-2)   # over the queries, not the keys
+    return att @ v
+
+
 def rope_attention_rotate_half(q, k, v, cos, sin, attention_factor=1.0):
     T, hd = q.shape[-2], q.shape[-1]
     # Hugging Face's rotate_half: pairs (x[i], x[i + hd/2]), each pair's angle repeated over both halves
@@ -133,6 +143,7 @@ BUGS = {
     "rope-half-vs-interleaved": {"rope_attention": rope_attention_rotate_half},
     "no-scaling": {"rope_attention": rope_attention_unscaled},
     "double-scale": {"rope_attention": rope_attention_scaled_twice},
+    "softmax-wrong-dim": {"rope_attention": rope_attention_softmax_over_queries},
     "llama3-bounds-swapped": [{"llama3_inv_freq": llama3_inv_freq_wavelengths_swapped},
                               {"llama3_inv_freq": llama3_inv_freq_loop_wavelengths_swapped},
                               {"llama3_inv_freq": llama3_inv_freq_factors_swapped}],
