@@ -169,7 +169,7 @@ def test_positions_counted_from_one_fail_only_the_table_values(grade_source):
     assert failed(result) == {"sinusoidal-values"}
     check = checks_by_id(result)["sinusoidal-values"]
     assert "call: sinusoidal(64, 16)" in check["message"] and "row [0, :] = [0.8415" in check["message"]
-    assert check["diagnosis"] == "position-offset" and result["diagnoses"] == ["position-offset"]
+    assert check["diagnosis"] == "position-off-by-one" and result["diagnoses"] == ["position-off-by-one"]
 
 
 def test_fairseqs_padding_offset_is_position_offset(grade_source):
