@@ -76,6 +76,16 @@ def masked_attention_double_scale(q, k, v, mask=None):
     return weights @ v, weights
 
 
+def masked_attention_softmax_wrong_dim(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-2)   # normalised over the queries, not the keys
+    if mask is not None:
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    return weights @ v, weights
+
+
 def masked_attention_banned(q, k, v, mask=None):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if mask is not None:
@@ -97,5 +107,6 @@ BUGS = {
                            {"masked_attention": masked_attention_finfo_min}],
     "no-scaling": {"masked_attention": masked_attention_no_scaling},
     "double-scale": {"masked_attention": masked_attention_double_scale},
+    "softmax-wrong-dim": {"masked_attention": masked_attention_softmax_wrong_dim},
     "banned-api": {"masked_attention": masked_attention_banned},
 }
