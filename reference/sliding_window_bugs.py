@@ -73,6 +73,12 @@ def attention_double_scale(q, k, v, window):
     return _attend(q, k, v, sliding_window_mask(q.size(-2), k.size(-2), window, device=q.device))
 
 
+def attention_softmax_wrong_dim(q, k, v, window):
+    allowed = sliding_window_mask(q.size(-2), k.size(-2), window, device=q.device)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-2) @ v   # over the queries, not the keys
+
+
 def attention_banned(q, k, v, window):
     allowed = sliding_window_mask(q.size(-2), k.size(-2), window, device=q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
@@ -173,6 +179,7 @@ BUGS = {
     "mask-top-left-aligned": {"sliding_window_mask": mask_top_left, "sliding_window_attention": attention_top_left},
     "no-scaling": {"sliding_window_attention": attention_no_scaling},
     "double-scale": {"sliding_window_attention": attention_double_scale},
+    "softmax-wrong-dim": {"sliding_window_attention": attention_softmax_wrong_dim},
     "rolling-buffer-order": [{"RollingKVCache": RollingKVCacheSlotOrder},
                              {"RollingKVCache": RollingKVCacheSlotOrderCut},
                              {"RollingKVCache": RollingKVCacheWholeBuffer},
