@@ -6,15 +6,16 @@ import torch
 from reference.attention_backward import softmax_backward
 
 
-def weights(q, k, scale, causal, *, aligned=True, empty_rows_zero=True):
+def weights(q, k, scale, causal, *, aligned=True, empty_rows_zero=True, dim=-1):
     """The reference's forward weights P (B, H, Tq, Tk); ``aligned=False`` builds the causal mask
-    top-left aligned, ``empty_rows_zero=False`` leaves the NaN rows of queries with no key."""
+    top-left aligned, ``empty_rows_zero=False`` leaves the NaN rows of queries with no key, ``dim=-2``
+    normalises over the queries."""
     Tq, Tk = q.size(-2), k.size(-2)
     s = (q @ k.transpose(-2, -1)) * scale
     if causal:
         allowed = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(Tk - Tq if aligned else 0)
         s = s.masked_fill(~allowed, float("-inf"))
-    p = torch.softmax(s, dim=-1)
+    p = torch.softmax(s, dim=dim)
     if causal and empty_rows_zero:
         p = p.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
     return p
@@ -47,6 +48,26 @@ def elementwise_softmax_backward(p, dp):
 def elementwise_attention_backward(q, k, v, do, scale=None, causal=False):
     scale = default(q, scale)
     return grads(q, k, v, do, weights(q, k, scale, causal), scale, elementwise_softmax_backward)
+
+
+def queries_weights_backward(q, k, v, do, scale=None, causal=False):
+    scale = default(q, scale)
+    return grads(q, k, v, do, weights(q, k, scale, causal, dim=-2), scale)   # P normalised over the queries
+
+
+def queries_softmax_backward(p, dp):
+    return p * (dp - (p * dp).sum(dim=-2, keepdim=True))   # the p-weighted mean of dp over the queries
+
+
+def queries_attention_backward(q, k, v, do, scale=None, causal=False):
+    scale = default(q, scale)
+    return grads(q, k, v, do, weights(q, k, scale, causal), scale, queries_softmax_backward)
+
+
+def queries_throughout_backward(q, k, v, do, scale=None, causal=False):
+    scale = default(q, scale)
+    # P over the queries and its Jacobian over the queries too: the exact gradients of the wrong forward
+    return grads(q, k, v, do, weights(q, k, scale, causal, dim=-2), scale, queries_softmax_backward)
 
 
 def unscaled_grads(q, k, v, do, scale=None, causal=False):
@@ -156,6 +177,14 @@ BUGS = {
     "softmax-jacobian-diag-only": [
         {"softmax_backward": diag_only_softmax_backward, "attention_backward": diag_only_attention_backward},
         {"softmax_backward": elementwise_softmax_backward, "attention_backward": elementwise_attention_backward},
+    ],
+    # The softmax over the queries: in the recomputed forward, in the softmax's backward, or in both.
+    "softmax-wrong-dim": [
+        {"attention_backward": queries_weights_backward},
+        {"softmax_backward": queries_softmax_backward,
+         "attention_backward": queries_attention_backward},
+        {"softmax_backward": queries_softmax_backward,
+         "attention_backward": queries_throughout_backward},
     ],
     "missing-scale-in-grad": [{"attention_backward": unscaled_grads}, {"attention_backward": unscaled_dq},
                               {"attention_backward": unscaled_dk}],
