@@ -35,9 +35,9 @@ class Preallocated(KVCache):
 
 # --- mask-top-left-aligned --------------------------------------------------------------------
 
-def forward_with_mask(m, x, cache, start_pos, mask, repeat=lambda t, n: t.repeat_interleave(n, dim=1)):
+def forward_with_mask(m, x, cache, start_pos, mask, repeat=lambda t, n: t.repeat_interleave(n, dim=1), dim=-1):
     """The reference's forward with ``mask(T, Tk, device)`` (True = may attend, or None) for its causal
-    mask, and ``repeat(t, n_rep)`` for its grouping of the KV heads."""
+    mask, ``repeat(t, n_rep)`` for its grouping of the KV heads, and its softmax over ``dim``."""
     cached = 0 if cache is None else len(cache)
     if start_pos != cached:
         raise ValueError(f"start_pos is {start_pos}, but the cache holds {cached} tokens")
@@ -53,7 +53,7 @@ def forward_with_mask(m, x, cache, start_pos, mask, repeat=lambda t, n: t.repeat
     allowed = mask(T, Tk, x.device)
     if allowed is not None:
         att = att.masked_fill(~allowed, float("-inf"))
-    y = F.softmax(att, dim=-1) @ v
+    y = F.softmax(att, dim=dim) @ v
     return m.o_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -104,6 +104,15 @@ class DoubleScale(GroupedQueryAttention):
         super().__init__(d_model, n_heads, n_kv_heads)
         # q scaled by 1/sqrt(head_dim) after its projection, and the scores again: 1/head_dim in all
         self.scale = 1.0 / self.head_dim
+
+
+# --- softmax-wrong-dim ------------------------------------------------------------------------
+
+class SoftmaxOverQueries(GroupedQueryAttention):
+    def forward(self, x, cache=None, start_pos=0):
+        # dim=-2 of the (B, H, T, Tk) scores: each key's column sums to 1 over the new queries, and a
+        # single decoded token, the only query of its call, gives every key weight 1.
+        return forward_with_mask(self, x, cache, start_pos, bottom_right, dim=-2)
 
 
 # --- causal-mask-off-by-one -------------------------------------------------------------------
@@ -331,6 +340,7 @@ BUGS = {
                                  {"GroupedQueryAttention": StoresRepeatedKv, "KVCache": PreallocatedByIndex}],
     "no-scaling": {"GroupedQueryAttention": NoScaling},
     "double-scale": {"GroupedQueryAttention": DoubleScale},
+    "softmax-wrong-dim": {"GroupedQueryAttention": SoftmaxOverQueries},
     "causal-mask-off-by-one": {"GroupedQueryAttention": MaskSeesNextToken},
     "square-chunk-mask": [{"GroupedQueryAttention": SquareChunkMask},
                           {"GroupedQueryAttention": SquareChunkMaskPadded}],
