@@ -273,6 +273,22 @@ def paged_attention_double_scale(q, cache, seq_ids):
     return paged_attention(q / math.sqrt(q.shape[-1]), cache, seq_ids)
 
 
+# --- softmax-wrong-dim ------------------------------------------------------------------------
+
+def paged_attention_softmax_over_heads(q, cache, seq_ids):
+    B, H, hd = q.shape
+    outs = []
+    for b, seq_id in enumerate(seq_ids):
+        k, v = cache.gather(seq_id)   # (L, Hkv, hd) each
+        n_rep = H // k.shape[1]
+        k = k.transpose(0, 1).repeat_interleave(n_rep, dim=0).to(q.dtype)   # (H, L, hd)
+        v = v.transpose(0, 1).repeat_interleave(n_rep, dim=0).to(q.dtype)   # (H, L, hd)
+        scores = (k @ q[b].unsqueeze(-1)).squeeze(-1) / math.sqrt(hd)   # (H, L)
+        # dim=0 normalises each key's column over the heads, not each head's row over the keys
+        outs.append(torch.softmax(scores, dim=0).unsqueeze(1) @ v)   # (H, 1, hd)
+    return torch.cat(outs, dim=1).transpose(0, 1)   # (B, H, hd)
+
+
 # --- fork-aliases-block-table ----------------------------------------------------------------
 
 class ForkSharesTheTableList(_Cache):
@@ -316,6 +332,7 @@ BUGS = {
     "kv-repeat-tiled": {"paged_attention": paged_attention_kv_tiled},
     "no-scaling": {"paged_attention": paged_attention_no_scaling},
     "double-scale": {"paged_attention": paged_attention_double_scale},
+    "softmax-wrong-dim": {"paged_attention": paged_attention_softmax_over_heads},
     "banned-api": {"paged_attention": sdpa_paged_attention},
 }
 
