@@ -395,8 +395,10 @@ for name in sorted(os.listdir("/tmp")):
 raise RuntimeError("ATTACK " + json.dumps(tried))
 ''')
     assert report["grader found"] and report["ok"] == [], report
-    assert report["denied"]["kill"] == {"PermissionError": report["denied"]["kill"]["PermissionError"]}, report
-    assert report["denied"]["kill"]["PermissionError"] >= 2, report   # the grader, its zygotes and workers
+    # a process that ends between being listed and signalled (other gradings' workers come and go)
+    # is ProcessLookupError: gone, never reached; every other kill was refused
+    assert set(report["denied"]["kill"]) <= {"PermissionError", "ProcessLookupError"}, report
+    assert report["denied"]["kill"].get("PermissionError", 0) >= 2, report   # the grader, its zygotes and workers
     assert causal_mask_score(results) == CAUSAL_MASK.max_score and results["score"] == CAUSAL_MASK.max_score
 
 
