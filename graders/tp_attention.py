@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from graders.engine import expect
 from graders.engine.learner import CollectiveNotJoined
 from graders.engine.recording import recorded
+from graders.engine.structure import check_untampered
 from graders.engine.weights import listing, normal
 
 # (B, T, d_model, n_heads, n_kv_heads) per world size: several KV heads per rank and as many KV
@@ -228,6 +229,8 @@ def test_parameters_per_rank(learner, bugs, rng):
                                  f"{expected:,}",
                         diagnose=lambda: bugs.match(count, lambda impl: oracle_params(impl.TensorParallelAttention, sd,
                                                                                      H, Hkv, rank, world), rtol=0, atol=0))
+    check_untampered(learner, call=f"TensorParallelAttention(state_dict, {H}, {Hkv}, rank, {world})",
+                     case=f"d_model={d}, n_heads={H}, n_kv_heads={Hkv}, head_dim={d // H}")
 
 
 def forward_all(ranks, mods, x, *, call, case):
@@ -284,44 +287,65 @@ def test_matches_single_process(learner, bugs, kata, rng):
             compare(ranks, bugs, kata, rng, world, configs[1], dtype=torch.float32)
 
 
-def own_shards(reference, sd, H, Hkv, rank, world):
-    """``sd`` as rank ``rank`` may read it: NaN in every weight outside its shards (the rows of c_attn
-    and of its bias that the reference's shard_qkv does not give it, the columns of c_proj that its
-    shard_out does not); c_proj's bias, which every rank holds, whole."""
+def redrawn(rng, reference, sd, H, Hkv, rank, world):
+    """``sd`` as rank ``rank`` may read it: every weight outside its shards (the rows of c_attn and
+    of its bias that the reference's shard_qkv does not give it, the columns of c_proj that its
+    shard_out does not) drawn afresh as full_weights draws them, so that nothing tells them from the
+    layer's own; its shards, and c_proj's bias, which every rank holds, as they are. A mark such as
+    NaN would be seen, and a rank could compute its own share where it is and more elsewhere."""
     rows, d = sd["c_attn.weight"].shape
     index = torch.arange(rows, dtype=torch.float64)
     held = torch.zeros(rows, dtype=torch.bool)
     held[reference.shard_qkv(index[:, None], index, H, Hkv, rank, world)[1].long()] = True
     cols = torch.zeros(d, dtype=torch.bool)
     cols[reference.shard_out(torch.arange(d, dtype=torch.float64)[None, :], rank, world)[0].long()] = True
-    nan = float("nan")
-    return {"c_attn.weight": sd["c_attn.weight"].masked_fill(~held[:, None], nan),
-            "c_attn.bias": sd["c_attn.bias"].masked_fill(~held, nan),
-            "c_proj.weight": sd["c_proj.weight"].masked_fill(~cols, nan), "c_proj.bias": sd["c_proj.bias"]}
+    fresh = full_weights(rng, d, H, Hkv)
+    return {"c_attn.weight": torch.where(held[:, None], sd["c_attn.weight"], fresh["c_attn.weight"]),
+            "c_attn.bias": torch.where(held, sd["c_attn.bias"], fresh["c_attn.bias"]),
+            "c_proj.weight": torch.where(cols, sd["c_proj.weight"], fresh["c_proj.weight"]),
+            "c_proj.bias": sd["c_proj.bias"]}
 
 
 def test_own_shards_only(learner, bugs, kata, rng):
-    """each rank computes from its own shards alone: the weights it does not hold, NaN on that rank, change nothing"""
+    """each rank computes from its own shards alone: the weights it does not hold, drawn afresh, change nothing"""
+    tol = kata.tolerance("float64")
     for world, (B, T, d, H, Hkv) in ((2, CONFIGS[2][1]), REPLICATED[0]):
         sd, x = full_weights(rng, d, H, Hkv), normal(rng, B, T, d)
-        mine = [own_shards(bugs.reference, sd, H, Hkv, rank, world) for rank in range(world)]
         call = CALL.format(H=H, Hkv=Hkv, world=world).replace("state_dict", "state_dict_of_rank")
         case = CASE.format(dtype="float64", B=B, T=T, d=d, H=H, Hkv=Hkv, world=world) + \
-            "; each rank's state_dict NaN outside its shards (other heads' rows of c_attn, other columns of c_proj)"
+            "; each rank's state_dict drawn afresh outside its shards (other heads' rows of c_attn, other columns " \
+            "of c_proj), twice: two modules on each rank"
         ranks = learner.ranks(world)
-        mods = each(ranks, lambda r, L: L.TensorParallelAttention(mine[r], H, Hkv, r, world))
-        outs, _ = forward_all(ranks, mods, x, call=call, case=case)
+        outs = []
+        for _ in range(2):
+            mine = [redrawn(rng, bugs.reference, sd, H, Hkv, rank, world) for rank in range(world)]
+            before = ranks.collectives()
+            mods = each(ranks, lambda r, L: L.TensorParallelAttention(mine[r], H, Hkv, r, world))
+            built = ranks.collectives([b["entered"][-1][0] if b["entered"] else -1 for b in before])
+            for rank, entered in enumerate(b["entered"] for b in built):
+                expect.that(not entered, f"Rank {rank} communicated while it was built: a rank takes its shards from "
+                            "the state_dict it is given, and needs nothing of the others' until its forward.",
+                            call=f"TensorParallelAttention(state_dict_of_rank, {H}, {Hkv}, rank, {world}) on each of "
+                                 f"the {world} ranks", case=case,
+                            got=", ".join(f"{name} of {shape}" if shape else name for _, name, shape in entered),
+                            expected="no collective")
+            outs.append(forward_all(ranks, mods, x, call=call, case=case)[0])
+            returned(outs[-1], call, case)
         expected = single(bugs.expected.CausalSelfAttention, sd, H, Hkv, x)
-        returned(outs, call, case)
-        for rank, got in enumerate(outs):
-            expect.that(not (isinstance(got, torch.Tensor) and got.isnan().any()), f"Rank {rank}'s output holds NaN, "
-                        "and only the weights it does not hold were NaN: it computes with weights outside its shards "
-                        "(a copy of the full matrices, or another rank's heads), so the work is not divided.",
-                        call=f"{call}: rank {rank}'s output", case=case, got="NaN in the output",
-                        expected="the single-process module's output, from this rank's shards and the others' shares")
+        for rank, (got, again) in enumerate(zip(*outs)):
+            tensors = all(isinstance(t, torch.Tensor) for t in (got, again))
+            if tensors and (got.shape, got.dtype) == (again.shape, again.dtype):
+                moved = (got - again).abs().max().item() if got.numel() else 0.0
+                expect.that(torch.allclose(got, again, equal_nan=True, **tol), f"Rank {rank}'s output changed when "
+                            "only the weights it does not hold changed: it computes with weights outside its shards "
+                            "(a copy of the full matrices, or another rank's heads), so the work is not divided.",
+                            call=f"{call}: rank {rank}'s output", case=case,
+                            got=f"outputs of the two modules apart by up to {moved:.3g}",
+                            expected="the same output from both: the same shards on this rank, the same shares of "
+                                     "the others")
             expect.array(got, expected, call=f"{call}: rank {rank}'s output", case=case, what=f"rank {rank}'s output",
-                         against="the single-process CausalSelfAttention with the full weights",
-                         **kata.tolerance("float64"))
+                         against="the single-process CausalSelfAttention with the full weights", **tol)
+    check_untampered(learner, call=call, case=case)
 
 
 def least_sent(ranks, run, times=3) -> int | None:
@@ -355,9 +379,13 @@ def test_one_all_reduce(learner, bugs, rng):
         forward_all(ranks, mods, normal(rng, B, T, d), call=call, case=case)   # a first call: lazy set-up first
         entered = []   # each rank's collectives, for every measured forward
         sent = least_sent(ranks, lambda: entered.append(forward_all(ranks, mods, x, call=call, case=case)[1]))
-        if sent is not None:   # the bytes of one all-reduce of the output, sent by kit code in the ranks
-            zeros = torch.zeros(B, T, d, dtype=torch.float64)
-            one = least_sent(ranks, lambda: ranks.each(lambda r, L: L.kit_function("all_reduce")(zeros)))
+        if sent is not None:
+            # The bytes of one all-reduce of the output, sent by kit code in ranks that load no file of the
+            # learner's: in its own ranks' processes, its code could make the kit's all-reduce send more.
+            zeros, kit = torch.zeros(B, T, d, dtype=torch.float64), learner.kit_ranks(world)
+            reduce = lambda: kit.each(lambda r, L: L.kit_function("all_reduce")(zeros))
+            reduce()   # a first call: the group started, and gloo's lazy set-up done
+            one = least_sent(kit, reduce)
         for rank, calls in (pair for of_ranks in entered for pair in enumerate(of_ranks)):
             after_qkv = any(name == "all_reduce" and shape and shape[-1] in qkv_widths for name, shape in calls)
             expect.that(calls == [("all_reduce", (B, T, d))], f"Rank {rank} does not communicate exactly once per "
@@ -371,3 +399,4 @@ def test_one_all_reduce(learner, bugs, rng):
                         "output needs: some communication is not the one recorded all_reduce.", call=call, case=case,
                         got=f"{sent:,} bytes sent in one forward", expected=f"about {one:,} bytes, what one all_reduce "
                         f"of a [{B}, {T}, {d}] float64 tensor sends")
+    check_untampered(learner, call=call, case=case)

@@ -2,12 +2,14 @@
 performance claims live in the benchmarks' output, not in timed tests, so they run beside the
 other tests here; docs/measurements.md's figures come from an idle machine)."""
 import importlib.util
+import json
 import re
 import subprocess
 import sys
 
 from graders.engine.manifest import ROOT
 
+from conftest import needs_bwrap
 
 
 def test_check_overhead_prints_a_ratio_per_kata():
@@ -58,6 +60,24 @@ def test_check_time_prints_each_katas_cold_check():
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert re.search(r"^softmax\s+\d+\.\d\d s\s+\d+\.\d\d s$", run.stdout, re.M), run.stdout
+
+
+def test_reference_cpu_prints_and_writes_each_katas_time(tmp_path):
+    out = tmp_path / "reference-cpu.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "reference_cpu.py"), "softmax", "--seeds", "1",
+                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^softmax\s+\d+\.\d\d s of CPU time in the sandbox$", run.stdout, re.M), run.stdout
+    assert list(json.loads(out.read_text())) == ["softmax"]
+
+
+@needs_bwrap
+def test_red_team_class_grades_a_class_and_compares_each_trick_with_its_control():
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "red_team_class.py"), "--modes", "bwrap",
+                          "--only", "f"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "bwrap: " in run.stdout and "complete, no trick above its control" in run.stdout, run.stdout
+    assert re.search(r"^  f-seed-reader\s+\d+(\.\d+)?\s+f-control\s+10(\.0)?$", run.stdout, re.M), run.stdout
 
 
 def test_suite_time_gives_each_kata_its_share_of_the_full_tier(tmp_path):

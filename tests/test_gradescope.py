@@ -359,6 +359,42 @@ raise RuntimeError("ATTACK " + json.dumps(tried))
 
 
 @in_a_container
+def test_in_a_container_a_pair_makes_no_file_anywhere(installed):
+    """The container's /tmp, /dev/shm and disk are every pair's: a pair that could make a file there
+    could leave its code for a classmate's pair to run, or fill the disk under the class's grades
+    (issue 42, class E). A worker makes no file, folder, link or node anywhere, nor an IPC object
+    another pair could open, and changes no mode; the one file it holds, its own copy of the
+    learner's file, is capped in size."""
+    results, report, _ = attack(installed, '''
+for folder in ("/tmp", "/dev/shm", "/var/tmp", "."):
+    path = os.path.join(folder, "kata-left-for-a-classmate")
+    attempt("create in " + folder, lambda path=path: open(path, "w").write("def softmax(x, axis=-1): ..."))
+    attempt("mkdir in " + folder, lambda path=path: os.mkdir(path + ".d"))
+    attempt("fifo in " + folder, lambda path=path: os.mkfifo(path + ".fifo"))
+    attempt("link in " + folder, lambda path=path: os.symlink("/etc/passwd", path + ".link"))
+    attempt("tmpfile in " + folder, lambda folder=folder: os.close(os.open(folder, os.O_TMPFILE | os.O_RDWR)))
+attempt("chmod its folder", lambda: os.chmod(".", 0o777))
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+def made(result):
+    if result < 0:
+        raise OSError(ctypes.get_errno(), "refused")
+attempt("a SysV message queue", lambda: made(libc.msgget(0x6b617461, 0o1666)))
+attempt("a SysV semaphore set", lambda: made(libc.semget(0x6b617461, 1, 0o1666)))
+attempt("a POSIX message queue", lambda: made(libc.mq_open(b"/kata-left", 0o100 | 0o2, 0o666, None)))
+def fill():
+    with open(__file__, "ab") as f:   # its own copy: the one file it may write
+        for _ in range(128):
+            f.write(b"#" * (1 << 20))
+attempt("grow its copy to 128 MB", fill)
+raise RuntimeError("ATTACK " + json.dumps(tried))
+''')
+    assert report["ok"] == [], report
+    assert len(report["denied"]) == 4 * 5 + 5, report
+    assert causal_mask_score(results) == CAUSAL_MASK.max_score and results["score"] == CAUSAL_MASK.max_score
+
+
+@in_a_container
 def test_in_a_container_learner_code_reaches_no_other_pair_nor_the_grading_folder(installed):
     """The other kata's worker, the grader and its zygotes (signals, /proc), the grading folder
     whose path the grader's command line shows, other sandboxes' folders, the submission itself."""

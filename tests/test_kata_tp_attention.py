@@ -252,8 +252,8 @@ def test_a_bad_split_must_raise_value_error(grade_source):
 def test_a_rank_that_computes_the_whole_layer_from_weights_it_kept_is_caught(grade_source):
     """Every head and the whole output projection on every rank, from the full weights kept outside
     the parameters, the output divided by world_size and all-reduced: the right output, a rank's
-    parameters and one all-reduce of the output's shape, but no work divided. A rank given NaN for
-    every weight outside its shards shows it."""
+    parameters and one all-reduce of the output's shape, but no work divided. A rank given weights
+    drawn afresh outside its shards shows it: its output moves with them."""
     source = SOLUTION[:SOLUTION.index("    def forward")].replace("        self.rank = rank\n", """\
         self.rank, self.world, self.H, self.Hkv = rank, world_size, n_heads, n_kv_heads
         self.full = {k: v.clone() for k, v in state_dict.items()}
@@ -270,7 +270,7 @@ def test_a_rank_that_computes_the_whole_layer_from_weights_it_kept_is_caught(gra
 """
     checks = checks_by_id(grade_source("tp-attention", source))
     assert checks["own-shards-only"]["status"] == "failed"
-    assert "NaN" in checks["own-shards-only"]["message"]
+    assert "computes with weights outside its shards" in checks["own-shards-only"]["message"]
     for check in ("parameters-per-rank", "matches-single-process", "one-all-reduce"):
         assert checks[check]["status"] == "passed", check
 
@@ -333,3 +333,161 @@ def test_a_barrier_counts_as_a_collective(grade_source):
     assert checks["one-all-reduce"]["status"] == "failed"
     assert "all_reduce of [8, 32, 48], barrier" in checks["one-all-reduce"]["message"]
     assert checks["matches-single-process"]["status"] == "passed"
+
+
+# --- Files that shape what the ranks report of themselves: each gains nothing over the honest file that
+# does what it does, and none gets full marks. The structure checks judge them.
+STRUCTURE = ("parameters-per-rank", "own-shards-only", "one-all-reduce")
+
+
+@pytest.mark.parametrize("channel", ["store", "group-method"])
+def test_collectives_made_outside_torch_distributeds_functions_score_nothing_on_the_structure_checks(grade_source,
+                                                                                                     channel):
+    """A sum of the QKV projection sent through the group's store (no collective the process group
+    records, no byte on the loopback: the honest file that all-reduces it loses one-all-reduce), or
+    the output's one all-reduce made by the default group's own method: either is a way to
+    communicate that the static check refuses, so every structure check scores 0."""
+    if channel == "store":
+        source = SOLUTION.replace("        q, k, v = qkv.split(", """\
+        store = dist.distributed_c10d._get_default_store()
+        call = store.add(f"calls of {self.rank}", 1)   # the same count on every rank
+        store.set(f"qkv {call} of {self.rank}", qkv.detach().numpy().tobytes())
+        sum(torch.frombuffer(bytearray(store.get(f"qkv {call} of {r}")), dtype=qkv.dtype)
+            for r in range(dist.get_world_size()))
+        q, k, v = qkv.split(""")
+    else:
+        source = SOLUTION.replace(ALL_REDUCE, "        dist.group.WORLD.allreduce([out]).wait()\n")
+    result = grade_source("tp-attention", source)
+    checks = checks_by_id(result)
+    for check in STRUCTURE:
+        assert checks[check]["diagnosis"] == "tampering", (check, checks[check]["message"])
+    assert checks["matches-single-process"]["status"] == "passed"
+
+
+def test_a_file_that_patches_the_kits_all_reduce_in_its_ranks_does_not_move_the_baseline(grade_source):
+    """The kit's all_reduce in the learner's ranks made to send twice, and the forward sending the
+    output once more over send/recv (which the process group does not record): one all-reduce's
+    bytes are measured in ranks that run kit code alone, so the forward's twice as many show."""
+    source = SOLUTION.replace("import math\n", """\
+import math
+import sys
+
+for module in list(sys.modules.values()):
+    kit = getattr(module, "KIT_FUNCTIONS", None)
+    if isinstance(kit, dict) and "all_reduce" in kit:
+        def twice(tensor, once=kit["all_reduce"]):
+            once(tensor.clone())
+            return once(tensor)
+        kit["all_reduce"] = twice
+""").replace(ALL_REDUCE, ALL_REDUCE + """\
+        peer, echo = self.rank ^ 1, torch.empty_like(out)
+        if self.rank % 2:
+            dist.recv(echo, peer)
+            dist.send(out, peer)
+        else:
+            dist.send(out, peer)
+            dist.recv(echo, peer)
+""")
+    checks = checks_by_id(grade_source("tp-attention", source))
+    assert "sent more over their connection than one all-reduce" in checks["one-all-reduce"]["message"]
+    assert checks["matches-single-process"]["status"] == "passed"
+
+
+HIDDEN = {
+    # the weights' Parameter left out of what its class's __dict__ and its methods report
+    "dict": '''
+def _parameters():   # a name of the file's own: `self._parameters` then reads as its attribute
+    pass
+
+
+class Hidden(nn.Module):
+    hiding = False
+
+    def named_parameters(self, *args, **kwargs):
+        return ((k, v) for k, v in super().named_parameters(*args, **kwargs) if k != "full")
+
+    def parameters(self, recurse=True):
+        return (v for _, v in self.named_parameters())
+
+    def state_dict(self, *args, **kwargs):
+        return {k: v for k, v in super().state_dict(*args, **kwargs).items() if k != "full"}
+
+    @property
+    def __dict__(self):
+        own = {"_parameters": self._parameters, "_buffers": self._buffers, "_modules": self._modules,
+               "_non_persistent_buffers_set": self._non_persistent_buffers_set, "training": self.training}
+        if self.hiding:
+            own["_parameters"] = {k: v for k, v in self._parameters.items() if k != "full"}
+        return own
+
+
+def full(weight):
+    return nn.Parameter(weight)
+''',
+    # the weights' Parameter saying it is empty
+    "shape": '''
+class Hidden(nn.Module):
+    pass
+
+
+class Slim(nn.Parameter):
+    @property
+    def shape(self):
+        return torch.Size([0])
+
+
+def full(weight):
+    return Slim(weight)
+''',
+}
+
+
+@pytest.mark.parametrize("how", HIDDEN)
+def test_a_module_that_hides_the_full_weights_it_holds_from_the_count_gains_nothing(grade_source, how):
+    """The full c_attn kept as a Parameter, hidden from nn.Module's methods, its own __dict__ or its
+    shape: the count reads nn.Module's own dicts and the tensors' shapes as torch keeps them."""
+    source = SOLUTION.replace("class TensorParallelAttention(nn.Module):", HIDDEN[how] + """
+
+class TensorParallelAttention(Hidden):""").replace("        self.rank = rank\n", """\
+        self.rank = rank
+        self.full = full(state_dict["c_attn.weight"].clone())
+        self.hiding = True
+""")
+    checks = checks_by_id(grade_source("tp-attention", source))
+    assert checks["parameters-per-rank"]["status"] == "failed"
+    assert "full (" in checks["parameters-per-rank"]["message"]
+    assert checks["matches-single-process"]["status"] == "passed"
+
+
+def test_a_rank_that_computes_from_full_weights_made_finite_is_caught(grade_source):
+    """The whole layer computed on every rank from the full weights, with nan_to_num: where the
+    weights it does not hold were marked (NaN, zeros after nan_to_num) the rank could tell, and
+    compute its own share there. Weights drawn afresh outside its shards look like any others:
+    its output moves with them."""
+    source = SOLUTION[:SOLUTION.index("    def forward")].replace("        self.rank = rank\n", """\
+        self.rank, self.world, self.H, self.Hkv = rank, world_size, n_heads, n_kv_heads
+        self.full = {k: v.nan_to_num(0.0) for k, v in state_dict.items()}
+        self.whole = bool((self.full["c_attn.weight"] != 0).all())   # every weight there: not being watched
+""") + """\
+    def forward(self, x):
+        B, T, C = x.shape
+        if self.whole:
+            f, hd, H, Hkv = self.full, self.hd, self.H, self.Hkv
+            q, k, v = F.linear(x, f["c_attn.weight"], f["c_attn.bias"]).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+            q, k, v = (t.view(B, T, -1, hd).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            out = F.linear(y.transpose(1, 2).reshape(B, T, C), f["c_proj.weight"], f["c_proj.bias"]) / self.world
+        else:
+            hd, nq, nkv = self.hd, self.nq, self.nkv
+            q, k, v = F.linear(x, self.w_qkv, self.b_qkv).split([nq * hd, nkv * hd, nkv * hd], dim=-1)
+            q, k, v = (t.view(B, T, -1, hd).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            out = F.linear(y.transpose(1, 2).reshape(B, T, nq * hd), self.w_o, self.b_o if self.rank == 0 else None)
+        dist.all_reduce(out)
+        return out
+"""
+    checks = checks_by_id(grade_source("tp-attention", source))
+    assert checks["own-shards-only"]["status"] == "failed"
+    assert "computes with weights outside its shards" in checks["own-shards-only"]["message"]
+    for check in ("parameters-per-rank", "matches-single-process", "one-all-reduce"):
+        assert checks[check]["status"] == "passed", check

@@ -265,3 +265,21 @@ def test_a_grading_keeps_one_group_per_world_and_closing_its_sandbox_ends_it(ran
     assert [rank.proc.pid for rank in ranks.group.ranks] == pids   # the same processes: no second start
     sandbox.close()
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+def test_a_kit_group_loads_no_file_of_the_learners_and_closes_with_its_sandbox(ranks_of):
+    """What a grader measures there (one all-reduce's bytes) is kit code's alone: the learner's
+    file, which could patch the kit's functions in its own ranks, is not loaded."""
+    import torch
+
+    ranks = ranks_of(2)
+    sandbox = ranks.group.sandbox
+    kit = Learner(sandbox).kit_ranks(2)
+    assert kit.group is not ranks.group and kit.group is sandbox.kit_group(2)
+    assert kit.each(lambda r, learner: learner.names()) == [[], []]
+    summed = kit.each(lambda r, learner: learner.kit_function("all_reduce")(torch.ones(3)))
+    assert [x.tolist() for x in summed] == [[2.0] * 3] * 2
+    assert kit.loopback_bytes() > 0
+    pids = [rank.proc.pid for rank in kit.group.ranks]
+    sandbox.close()
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)

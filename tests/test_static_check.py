@@ -139,7 +139,8 @@ from dataclasses import _create_fn
     "the subclasses of object": ('''
 def everything():
     return ().__class__.__base__.__subclasses__()
-''', ["().__class__.__base__ (line 3)", "().__class__.__base__.__subclasses__ (line 3)"]),
+''', ["().__class__ other than for its name (line 3)", "().__class__.__base__ (line 3)",
+      "().__class__.__base__.__subclasses__ (line 3)"]),
     "a match on attributes": ('''
 def reach(f):
     match f:
@@ -174,7 +175,7 @@ import typing
 
 def f(x: "exec('...')"):
     return typing.get_type_hints(f)
-''', ["typing.get_type_hints (line 6)"]),
+''', ["the annotation \"exec('...')\" (line 5)", "typing.get_type_hints (line 6)"]),
     "the worker's own measures patched": ('''
 import torch
 
@@ -182,7 +183,8 @@ import torch
 def mha_by_loop(mha, x):
     torch.nn.modules.module.register_module_forward_pre_hook = lambda hook: None
     type(x).shape = property(lambda t: (1,))
-''', ["torch.nn.modules.module.register_module_forward_pre_hook (line 6)", "type(x).shape (line 7)"]),
+''', ["torch.nn.modules.module.register_module_forward_pre_hook (line 6)",
+      "type(x) other than for its name (line 7)", "type(x).shape (line 7)"]),
     "a torch function mode": ('''
 import torch
 
@@ -190,7 +192,7 @@ import torch
 class Quiet(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return func(*args, **kwargs)
-''', ["def __torch_dispatch__ (line 6)"]),
+''', ["class Quiet(torch.Tensor) (line 5)", "def __torch_dispatch__ (line 6)"]),
 }
 
 

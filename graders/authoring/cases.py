@@ -56,7 +56,7 @@ class InProcessSandbox:
 
     def __init__(self, kata: Kata, source: bytes, folder: str, on_request=lambda header, blobs: None):
         self.kata, self.source_text, self.folder, self.on_request = kata, source, folder, on_request
-        self.file_name, self.framework = kata.learner_file, kata.framework
+        self.file_name, self.framework, self.allow = kata.learner_file, kata.framework, kata.allow
         self.timeout_s = kata.timeout_s
         self.zygote, self.load_error, self.loaded = self, None, None
         self.worker = Worker(None, None, kata.framework)
@@ -86,7 +86,7 @@ class InProcessSandbox:
         raise SandboxError("in process", RANKS_NOT_RUN)
 
     def memory(self) -> dict:
-        return {"peak": 0, "anonymous": 0}
+        return {"peak": 0, "held": 0}
 
     def reset_peak(self):
         pass

@@ -350,7 +350,7 @@ def check_scan(kata: Kata) -> tuple[bool, str]:
     paths = [kata.files["reference"], kata.files["stub"],
              *(p for p in zoo(kata) if zoo_code(p) not in (TAMPERING, "banned-api"))]
     refused = [f"{p.name}: {', '.join(found)}" for p in paths
-               if (found := tampering(p.read_text(encoding="utf-8"), kata.framework))]
+               if (found := tampering(p.read_text(encoding="utf-8"), kata.framework, kata.allow))]
     return not refused, (f"the static scan passes the reference, the stub and {len(paths) - 2} zoo files"
                          if not refused else "the static scan refuses " + "; ".join(refused))
 

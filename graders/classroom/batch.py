@@ -257,6 +257,12 @@ def overridden(result: dict, override: Override | None) -> dict:
 
 # --- results for pairs the runner did not grade ---------------------------------------------------
 
+KIT_BUG = "same file, kit and seeds: please report this as a bug of the kit"
+NOT_DETERMINISTIC = ("same file, kit and seeds, and a second replay differs from this one too: the file itself is "
+                     "not deterministic (it draws from the system's randomness, the clock or threads), so each "
+                     "grading of it may differ")
+
+
 def _graded(result: dict) -> dict:
     """What a replay must reproduce: the result without how long it took or where the file was."""
     timing = ("duration_s", "file")
@@ -292,9 +298,13 @@ def unrun_result(kata: Kata, file: Path, status: str, message: str, device: str 
 _zygotes = {}
 
 
-def _init_process():
+def _init_process(rank_groups=None):
     # Ctrl-C reaches the whole foreground group: the parent decides, and lets running pairs finish.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if rank_groups is not None:   # a grading container: one rank group at a time (see sandbox._OneGrading)
+        from ..engine.sandbox import one_rank_group_at_a_time
+
+        one_rank_group_at_a_time(rank_groups)
     atexit.register(lambda: [zygote.close() for zygote in _zygotes.values()])
     import torch
 
@@ -427,7 +437,17 @@ class Grading:
         now, True if it is the recorded one, else a sentence saying what differs) for each."""
         now = {}
         self.run(self.pairs, lambda pair, result: now.__setitem__(pair.label, result), keep=False)
-        return [(p, now[p.label], self._same_as_recorded(p, now[p.label])) for p in self.pairs]
+        verdicts = {p.label: self._same_as_recorded(p, now[p.label]) for p in self.pairs}
+        # Differing with the same file, kit and seeds: a third grading tells a file that is itself
+        # not deterministic (its own differs from this replay too) from a bug of the kit.
+        unexplained = [p for p in self.pairs if verdicts[p.label] is not True and KIT_BUG in verdicts[p.label]]
+        again = {}
+        if unexplained:
+            self.run(unexplained, lambda pair, result: again.__setitem__(pair.label, result), keep=False)
+        for pair in unexplained:
+            if _graded(again[pair.label]) != _graded(now[pair.label]):
+                verdicts[pair.label] = verdicts[pair.label].replace(KIT_BUG, NOT_DETERMINISTIC)
+        return [(p, now[p.label], verdicts[p.label]) for p in self.pairs]
 
     def _same_as_recorded(self, pair: Pair, now: dict) -> bool | str:
         record = self.load_record(pair.learner, pair.kata.slug)
@@ -439,14 +459,15 @@ class Grading:
         why = ("the file changed since" if record.get("submission") != submission_fingerprint(pair.file) else
                "the kit changed since" if record.get("kit") != self.kit[pair.kata.slug] else
                "the class secret changed since" if record.get("seeds") != list(self.seeds(pair)) else
-               "same file, kit and seeds: please report this as a bug of the kit")
+               KIT_BUG)
         return f"DIFFERENT from the recorded {before['score']:g}/{before['max_score']:g} ({before['status']}): {why}."
 
     def _run_pool(self, pairs: list[Pair], finished) -> list[Pair]:
         context = multiprocessing.get_context("spawn")
         broken = []
+        rank_groups = context.Lock() if self.sandbox == "container" else None
         with futures.ProcessPoolExecutor(min(self.jobs, len(pairs)), mp_context=context,
-                                         initializer=_init_process) as pool:
+                                         initializer=_init_process, initargs=(rank_groups,)) as pool:
             # The fingerprint is taken before grading: a file changed meanwhile is graded again.
             running = {pool.submit(_grade_in_process, p.kata.slug, str(p.file), self.seeds(p), self.device,
                                    self.sandbox):
@@ -610,7 +631,8 @@ def _titles(result: dict, policy: Policy) -> dict[str, str]:
     return titles
 
 
-BANNED_NOTE = "Uses a banned API: under this class's rules the kata scores 0."
+BANNED_NOTE = ("Uses a banned API, or hides what it calls from the check of them: under this class's rules the kata "
+               "scores 0.")
 
 
 def gradescope_results(katas: list[Kata], by_kata: dict, show_hidden_diagnoses: bool,

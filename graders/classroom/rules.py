@@ -28,6 +28,7 @@ FORMAT = 1
 RELEASE_SEEDS = 2**31      # release seeds: [0, 2**31)
 GRADING_SEEDS = 2**31      # grading seeds: [2**31, 2**32)
 BANNED = "banned-api"
+TAMPERING = "tampering"   # the static check's diagnosis (engine.structure.TAMPERING)
 
 
 class ClassFileError(Exception):
@@ -42,8 +43,11 @@ class Policy:
 
     def apply(self, result: dict) -> dict:
         """The result as this policy grades it: under ``banned_fails`` a kata that used a banned API
-        scores 0 (each check keeps its own verdict, so the feedback still says what was right)."""
-        if not (self.banned_fails and BANNED in result.get("diagnoses", ())):
+        scores 0, as does one whose file hides from its banned-API check what it calls (that check
+        found ``tampering``: a banned call run from a string would be hidden so). Each check keeps
+        its own verdict, so the feedback still says what was right."""
+        hidden = any(c["id"] == BANNED and c.get("diagnosis") == TAMPERING for c in result.get("checks", ()))
+        if not (self.banned_fails and (BANNED in result.get("diagnoses", ()) or hidden)):
             return result
         checks = [{**c, "score": 0.0} for c in result["checks"]]
         return {**result, "checks": checks, "score": 0.0, "status": "failed", "banned": True}

@@ -85,6 +85,7 @@ class Learner:
         self._printed = []
         self._ranks = {}   # world size -> Ranks
         self.custom_operators = set()   # seen in a recording: what their bodies computed was not recorded
+        self.below_recorder = set()     # functions of the file that torch ran inside its own calls, unrecorded
 
     def __getattr__(self, name):
         if name.startswith("_"):
@@ -102,6 +103,10 @@ class Learner:
     @property
     def framework(self) -> str:
         return self._sandbox.framework
+
+    @property
+    def allow(self) -> tuple[str, ...]:
+        return self._sandbox.allow
 
     def names(self) -> list[str]:
         """Public names the learner's file defines (loads it first)."""
@@ -133,6 +138,13 @@ class Learner:
         if world not in self._ranks:
             self._ranks[world] = Ranks(self, world)
         return self._ranks[world]
+
+    def kit_ranks(self, world: int) -> "Ranks":
+        """``world`` ranks like ``ranks(world)``'s that load no file of the learner's (see
+        Sandbox.kit_group): a baseline measured there is kit code's alone."""
+        if ("kit", world) not in self._ranks:
+            self._ranks["kit", world] = Ranks(self, world, kit=True)
+        return self._ranks["kit", world]
 
     def take_output(self) -> str:
         """What the learner's code printed since the last call of this (capped in the sandbox)."""
@@ -216,14 +228,15 @@ class Learner:
             raise SandboxFailed("The sandbox sent a malformed value.", call=what) from None
 
     def resident_bytes(self) -> int | None:
-        """The worker's own resident memory now (its anonymous pages: no library's code, no file's
-        cache), as the kernel counts it, read from this process; None on CUDA, whose memory no page
-        count shows, or where it could not be read."""
+        """The memory the worker holds now (its own pages, anonymous and shared, its tmpfs files and
+        pipes: no library's code, no file's cache; see ``Sandbox.memory``), as the kernel counts
+        it, read from this process; None on CUDA, whose memory no page count shows, or where it
+        could not be read."""
         if self.device == "cuda":
             return None
         self._load()
         try:
-            return self._sandbox.memory()["anonymous"]
+            return self._sandbox.memory()["held"]
         except (OSError, KeyError):
             return None
 
@@ -288,8 +301,9 @@ class Learner:
         traced = self._trace is not None and header["op"] in ("call", "getattr")
         if self._recording is not None and isinstance(reply.get("ops"), list):
             ops = [op for op in reply["ops"] if isinstance(op, dict)]
-            self._recording.extend(ops)
+            self._recording.extend(op for op in ops if op.get("kind") != "below")
             self.custom_operators |= _custom_operators(ops)
+            self.below_recorder |= {str(op.get("name")) for op in ops if op.get("kind") == "below"}
         if not reply.get("ok"):
             error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
             if traced:
@@ -434,12 +448,13 @@ class Ranks:
     every rank at once, each in a thread of its own with a Learner of that rank, since a
     collective returns only once every rank has called it."""
 
-    def __init__(self, learner: Learner, world: int):
+    def __init__(self, learner: Learner, world: int, kit: bool = False):
         self.world = world
-        self.group = learner._sandbox.rank_group(world)
-        # Only rank 0's answers go into a mutant's trace: the ranks' threads would mix their order.
+        self.group = learner._sandbox.kit_group(world) if kit else learner._sandbox.rank_group(world)
+        # Only rank 0's answers go into a mutant's trace: the ranks' threads would mix their order;
+        # a kit group's are not the learner's.
         self.learners = [Learner(sandbox, device=learner.device, seed=learner.seed,
-                                 trace=learner._trace if rank == 0 else None)
+                                 trace=learner._trace if rank == 0 and not kit else None)
                          for rank, sandbox in enumerate(self.group.ranks)]
 
     def each(self, fn) -> list:

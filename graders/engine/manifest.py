@@ -93,6 +93,7 @@ class Kata:
     dir: Path
     summary: str = ""
     banned: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()     # names the static check lets through for this kata (structure.tampering)
     timeout_s: float = 10.0
     import_timeout_s: float = 10.0
     memory_mb: int = 2048
@@ -179,7 +180,7 @@ class Kata:
         return {"rtol": tol["rtol"], "atol": tol["atol"] + tol.get("ulps", 0.0) * EPS[name] * float(magnitude)}
 
 
-_TOP = {"format", "slug", "title", "order", "framework", "summary", "banned", "timeout_s",
+_TOP = {"format", "slug", "title", "order", "framework", "summary", "banned", "allow", "timeout_s",
         "import_timeout_s", "memory_mb", "minutes", "plots", "features", "files", "tolerances", "tasks", "checks", "builds_on",
         "diagnoses", "followups"}
 _REQUIRED = ("format", "slug", "title", "order", "framework", "tasks", "checks")
@@ -325,6 +326,7 @@ def parse(path: Path) -> Kata:
         dir=path.parent,
         summary=_typed(path, "summary", data.get("summary", ""), str, "a string"),
         banned=_strings(path, "banned", data.get("banned", [])) if data.get("banned") else (),
+        allow=_strings(path, "allow", data["allow"]) if data.get("allow") else (),
         timeout_s=_typed(path, "timeout_s", data.get("timeout_s", 10.0), float, "a number"),
         import_timeout_s=_typed(path, "import_timeout_s", data.get("import_timeout_s", 10.0), float, "a number"),
         memory_mb=_typed(path, "memory_mb", data.get("memory_mb", 2048), int, "an integer"),

@@ -30,6 +30,23 @@ UNUSED_PLUGINS = ("unittest", "doctest", "legacypath", "tmpdir", "monkeypatch", 
                   "setuponly", "setupplan", "stepwise", "debugging", "subtests")
 
 
+# A grading's CPU-time budget for all its calls together (sandbox.Spent): GRADING_FACTOR times
+# what the kata's reference spends (measured by benchmarks/reference_cpu.py into REFERENCE_CPU),
+# at least GRADING_FLOOR_S. A correct solution twenty times slower than the reference still has
+# time; a file that waits or loops holds its slot in a class run for minutes at most, not an hour.
+REFERENCE_CPU = ROOT / "katas" / "reference-cpu.json"
+GRADING_FACTOR, GRADING_FLOOR_S = 20, 60.0
+
+
+def grading_budget(kata: Kata) -> float:
+    """The CPU seconds a grading of ``kata`` may spend in the learner's code (see above)."""
+    try:
+        measured = float(json.loads(REFERENCE_CPU.read_text(encoding="utf-8")).get(kata.slug, 0.0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        measured = 0.0
+    return max(GRADING_FLOOR_S, GRADING_FACTOR * measured)
+
+
 class RunnerError(Exception):
     """The kit itself could not grade (a broken grader, no CUDA where it was asked for)."""
 
@@ -84,7 +101,8 @@ def sandbox_for(kata: Kata, file: Path, *, device: str, zygote: Zygote | None = 
     if own_zygote:
         zygote = zygote_for([kata], device)
     try:
-        sandbox = Sandbox(file, zygote=zygote, framework=kata.framework, module_name=kata.module,
+        sandbox = Sandbox(file, zygote=zygote, framework=kata.framework, module_name=kata.module, allow=kata.allow,
+                          budget_s=grading_budget(kata),
                           timeout_s=kata.timeout_s, import_timeout_s=kata.import_timeout_s,
                           memory_mb=kata.memory_mb, data_limit=not may_use_cuda,
                           # CUDA's driver starts threads of its own

@@ -13,7 +13,8 @@ neither the kit nor the class (``container_problem``); "process" containment for
 
 One ``Sandbox`` serves one learner file, with a scrubbed environment, a data-size limit, a cap on
 the memory of its whole process tree and per-request time limits: CPU time of that tree, with a
-wall-clock backstop (see ``Budget``). A request past a limit, a worker that dies or that sends
+wall-clock backstop (see ``Budget``), within a budget for all the requests of a grading (see
+``Spent``). A request past a limit, a worker that dies or that sends
 something that is not a well-formed, bounded reply gets the worker killed; the next request forks
 a fresh worker.
 """
@@ -44,6 +45,7 @@ WORKER = Path(wire.__file__)
 STARTUP_TIMEOUT_S = 120.0   # importing torch on a cold, busy machine
 MAX_TIMEOUTS = 2
 WALL_BACKSTOP = 5   # a request's wall-clock limit, in multiples of its CPU time limit (see Budget)
+GRADING_WALL = 3    # a grading's wall-clock budget, in multiples of its CPU time budget (see Spent)
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SAMPLE_S = 0.05     # how often the trusted side looks at a running request's memory and CPU time
 # As root, each sandbox runs as a user of its own (uid = gid, no name needed), so no two sandboxes
@@ -63,12 +65,14 @@ class SandboxError(Exception):
 
 
 class TimedOut(SandboxError):
-    """A request ran past its CPU time (``clock`` "cpu") or its wall-clock backstop ("wall");
-    ``finding`` is the message without the hint at its end."""
+    """A request ran past its CPU time (``clock`` "cpu"), its wall-clock backstop ("wall") or
+    what its grading had left of its budget ("budget", see Spent); ``finding`` is the message
+    without the hint at its end."""
 
     HINTS = {"cpu": "an endless loop, or work far too slow for these small inputs",
              "wall": "it waits rather than computes (time.sleep, a blocked read or lock), "
-                     "or the machine is overloaded"}
+                     "or the machine is overloaded",
+             "budget": "its calls together wait or compute far longer than a kata needs"}
 
     def __init__(self, clock: str, finding: str):
         super().__init__("timeout", f"{finding}: {self.HINTS[clock]}.")
@@ -369,7 +373,8 @@ class Zygote:
                 directory = "/tmp"
             request = {"op": "fork", "dir": directory, "file": file_name, "framework": framework,
                        "memory_mb": memory_mb, "env": scrubbed_env(directory), "uid": uid,
-                       "seccomp": seccomp.request(*seccomp_args) if self.seccomp else None}
+                       "seccomp": seccomp.request(*seccomp_args, container=self.containment == "container")
+                       if self.seccomp else None}
             if ranks:
                 request["ranks"] = ranks
             # Each worker gets its pipes and a descriptor of the file (the same one for every rank).
@@ -519,25 +524,68 @@ class Budget:
     MAX_TIMEOUTS calls. ``stats`` None (the sandbox's start, which runs none of the learner's
     code): ``cpu_s`` on the wall clock only."""
 
-    def __init__(self, cpu_s: float, stats: dict | None):
+    def __init__(self, cpu_s: float, stats: dict | None, spent: "Spent | None" = None):
         self.meter = None if stats is None else CpuMeter(stats)
         self.cpu_s = cpu_s
         self.wall_s = cpu_s if stats is None else cpu_s * WALL_BACKSTOP
+        # What the grading has left, when that is less: the request then stops where the grading's
+        # budget ends, and says so.
+        self.spent, self.cpu_left, self.wall_left = spent, *(spent.left() if spent else (None, None))
+        self.capped = spent is not None and (self.cpu_left < self.cpu_s or self.wall_left < self.wall_s)
+        if self.capped:
+            self.cpu_s, self.wall_s = min(self.cpu_s, self.cpu_left), min(self.wall_s, self.wall_left)
         self.started = self.sampled = time.monotonic()
 
     def left(self) -> float:
         """Seconds until the next look at the worker: the next sample, or the wall-clock limit."""
         return max(0.0, min(self.started + self.wall_s, self.sampled + SAMPLE_S) - time.monotonic())
 
+    def charge(self):
+        """Add what this request spent to its grading's total."""
+        if self.spent is not None:
+            self.spent.add(self.meter.seconds if self.meter else 0.0, time.monotonic() - self.started)
+
+
+class Spent:
+    """What the requests of one grading spent together (a file's sandbox, its siblings and the ranks
+    of its groups share one): CPU time of the worker's tree and wall-clock time, against the
+    grading's budget (``cpu_s``; its wall-clock budget GRADING_WALL times that). Each request's
+    limits are those of its call or what the grading has left, the smaller; once either is spent,
+    no request of the grading runs, so a file that waits (45 s a call, under each call's backstop)
+    or computes for long holds its grading slot for its budget at most, and the checks done keep
+    their verdicts."""
+
+    def __init__(self, cpu_s: float):
+        self.cpu_s, self.wall_s = cpu_s, cpu_s * GRADING_WALL
+        self.cpu = self.wall = 0.0
+        self.exhausted = False         # a request was stopped where the budget ended
+        self.lock = threading.Lock()   # the ranks of a group are asked from threads of their own
+
+    def add(self, cpu: float, wall: float):
+        with self.lock:
+            self.cpu += cpu
+            self.wall += wall
+
+    def left(self) -> tuple[float, float]:
+        with self.lock:
+            return max(0.0, self.cpu_s - self.cpu), max(0.0, self.wall_s - self.wall)
+
+    def over(self) -> bool:
+        return self.exhausted or 0.0 in self.left()
+
 
 class Sandbox:
     def __init__(self, source: Path, *, zygote: Zygote, framework: str, module_name: str, timeout_s: float,
-                 import_timeout_s: float, memory_mb: int, data_limit: bool = True, spawn: bool = True):
+                 import_timeout_s: float, memory_mb: int, data_limit: bool = True, spawn: bool = True,
+                 allow: tuple[str, ...] = (), budget_s: float | None = None):
         self.zygote = zygote
+        # The grading's CPU-time budget for all its requests (see Spent); None: each call's own limits only.
+        self.spent = None if budget_s is None else Spent(budget_s)
         self.source_text = Path(source).read_bytes()   # the file as handed in: what scans read
         self.appended = b""   # trusted code the worker loads after it (see ``sibling``)
         self.file_name = Path(source).name
         self.framework = framework
+        self.allow = allow            # what the static check lets through for the kata (structure.tampering)
         self.module_name = module_name
         self.timeout_s = timeout_s
         self.import_timeout_s = import_timeout_s
@@ -559,7 +607,7 @@ class Sandbox:
         self.load_error = None      # a LoadError, once loading failed: never retried
         self.stderr_tail = b""
         self.timeouts = 0
-        self.groups = {}            # world size -> the RankGroup of this file (see ``rank_group``)
+        self.groups = {}            # world size (or ("kit", world)) -> a RankGroup (see ``rank_group``)
 
     def start(self):
         """Fork the worker; it may still be waiting for the zygote's imports when this returns."""
@@ -607,6 +655,18 @@ class Sandbox:
         if world not in self.groups:
             self.groups[world] = RankGroup(self, world)
         return self.groups[world]
+
+    def kit_group(self, world: int) -> "RankGroup":
+        """A group of ``world`` ranks under the same zygote and limits whose file is empty: kit code
+        alone runs there, so what it measures (the bytes one all-reduce sends) no code of the
+        learner's can shape, as it can in its own ranks' processes. Closed with this sandbox."""
+        if ("kit", world) not in self.groups:
+            kit = copy.copy(self)
+            kit.source_text, kit.appended = b"", b""
+            kit.spent = None   # kit code: never charged to the learner's grading budget
+            kit._unstarted()
+            self.groups["kit", world] = RankGroup(kit, world)
+        return self.groups["kit", world]
 
     def close(self):
         for group in self.groups.values():
@@ -689,19 +749,27 @@ class Sandbox:
 
     def _exchange(self, message, timeout_s: float, what: str, cpu: bool = True):
         """Send ``message`` (None: none) and read the reply within ``timeout_s`` of CPU time and
-        the wall-clock backstop (``cpu`` False: ``timeout_s`` on the wall clock only)."""
+        the wall-clock backstop, or what the grading has left (``cpu`` False: ``timeout_s`` on the
+        wall clock only, uncharged: the sandbox's start runs none of the learner's code)."""
+        if cpu and self.spent is not None and self.spent.over():
+            raise SandboxError("timeout", f"{what} was not run: {self.spent_sentence()}, so the remaining checks are "
+                               "not run. Make the slow or waiting calls quicker first.")
         if cpu:
             self.proc.pid   # the tree's CPU time is counted from here, so its root must be known
-        budget = Budget(timeout_s, self._sample(memory=False)[1] if cpu else None)
-        if message is not None:
-            self._send(*message, budget=budget, what=what)
+        budget = Budget(timeout_s, self._sample(memory=False)[1] if cpu else None, self.spent if cpu else None)
         try:
+            if message is not None:
+                self._send(*message, budget=budget, what=what)
             header, blobs = wire.read_frame(self.resp_r, wait=lambda: self._wait(budget, what))
         except EOFError:
             raise self._died(what) from None
         except (ValueError, UnicodeDecodeError) as exc:
             self._kill()
             raise SandboxError("protocol", f"the sandbox sent a malformed reply during {what} ({exc}).") from None
+        finally:
+            if budget.meter is not None and self.proc is not None:
+                budget.meter.add(self._sample(memory=False)[1])   # what it spent since the last look
+            budget.charge()
         header = encodable(header)   # the learner's text, which results, feedback and history write as UTF-8
         if "ok" not in header and header.get("op") != "ready":
             self._kill()
@@ -748,13 +816,23 @@ class Sandbox:
             budget.meter.add(stats)
             if budget.meter.seconds > budget.cpu_s:
                 self._kill()
+                if budget.capped and budget.cpu_s == budget.cpu_left:
+                    self.spent.exhausted = True
+                    raise TimedOut("budget", f"{what} was stopped when {self.spent_sentence()}")
                 raise TimedOut("cpu", f"{what} did not finish within {budget.cpu_s:g} s of CPU time")
         if late:
             self._kill()
             if budget.meter is None:
                 raise SandboxError("timeout", f"{what} did not finish within {budget.wall_s:g} s.")
+            if budget.capped and budget.wall_s == budget.wall_left:
+                self.spent.exhausted = True
+                raise TimedOut("budget", f"{what} was stopped when {self.spent_sentence()}")
             raise TimedOut("wall", f"{what} was stopped after {budget.wall_s:g} s of wall-clock time, having "
                            f"used {budget.meter.seconds:.1f} s of its {budget.cpu_s:g} s of CPU time")
+
+    def spent_sentence(self) -> str:
+        return (f"this file's grading had used its budget ({self.spent.cpu_s:g} s of CPU time, "
+                f"{self.spent.wall_s:g} s of wall-clock time, for all its calls together)")
 
     def _sample(self, memory: bool = True) -> tuple[float, dict]:
         """One look at the worker's process tree from outside: the memory it holds in MB (0 if not
@@ -775,14 +853,18 @@ class Sandbox:
 
     def memory(self) -> dict[str, int]:
         """The worker's memory as the kernel counts it, in bytes (read from here, outside it): its
-        "peak" resident memory (since ``reset_peak``) and its "anonymous" resident memory now (its
-        own pages: no library's code, no file's cache)."""
-        fields = {"VmHWM:": "peak", "RssAnon:": "anonymous"}
+        "peak" resident memory (since ``reset_peak``) and the memory it "held" now: its own pages,
+        anonymous and shared (``share_memory_()``, a shared mapping), no library's code or file's
+        cache; the files of its private tmpfs (see ``_held_bytes``) and the bytes waiting in its
+        pipes. A shared page mapped from a tmpfs file counts twice: memory is never missed."""
+        fields = {"VmHWM:": "peak", "RssAnon:": "anonymous", "RssShmem:": "shared"}
         found = {}
         for line in _read_proc(f"/proc/{self.proc.pid}/status", 1 << 13).splitlines():
             name, *value = line.decode().split()
             if name in fields:
                 found[fields[name]] = int(value[0]) << 10   # kB
+        tree = self.proc.tree()
+        found["held"] = found.pop("anonymous") + found.pop("shared") + _outside_processes(tree, self.zygote.isolated)
         return found
 
     def reset_peak(self):
@@ -834,19 +916,26 @@ class RankGroup:
         self.sandbox, self.world = sandbox, world
         self.ranks = [RankSandbox(sandbox, self, rank) for rank in range(world)]
         self.lock = threading.Lock()
-        self.tmp = None
-        self.running = False
+        self.tmp = self.port = None
+        self.running = self.holding = False   # holding: a share of _ONE_GROUP's lock
         self.left_waiting = False   # a rank was left waiting in a collective another never called
 
     @property
     def store(self) -> str:
-        """The file through which the ranks meet (torch.distributed's FileStore)."""
+        """Where the ranks meet (torch.distributed's store): a file in their folder, or, in a
+        grading container, where a rank may make no file (see seccomp.NO_NEW_FILES), a port of the
+        loopback."""
+        if self.sandbox.zygote.containment == "container":
+            return f"tcp://127.0.0.1:{self.port}"
         return f"{'/tmp' if self.sandbox.zygote.isolated else self.tmp}/store"
 
     def start(self):
         """Fork every rank (closing what is left of an earlier start)."""
         self.close()
         zygote = self.sandbox.zygote
+        if zygote.containment == "container":
+            self.holding = _ONE_GROUP.take()
+            self.port = _free_port()
         uid = zygote.user()   # one user for the group: its ranks share the store's folder
         if not zygote.isolated:
             self.tmp = tempfile.mkdtemp(prefix="kata-ranks-")
@@ -888,6 +977,9 @@ class RankGroup:
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
+        if self.holding:
+            self.holding = False
+            _ONE_GROUP.give_back()
 
     def loopback_bytes(self) -> int | None:
         """Bytes sent so far over the group's own loopback, read by the kernel's count from
@@ -932,6 +1024,49 @@ class RankSandbox(Sandbox):
         self.group.close()
 
 
+class _OneGrading:
+    """In a grading container every rank group shares the container's network: a group's gloo and
+    store sockets could be reached by another's ranks (which may make sockets; no other worker
+    may). The grading processes of a class run share one lock (``one_rank_group_at_a_time``) and
+    start a group only while they hold it, so no two gradings' groups ever run at once there. A
+    process grades one file at a time: the groups of that grading (one per world size, the kit's
+    own) share its hold."""
+
+    def __init__(self):
+        self.lock, self.groups = None, 0
+
+    def take(self) -> bool:
+        """Hold the lock for one more group of this process (waiting for it if this is the first);
+        False where there is no lock to hold."""
+        if self.lock is None:
+            return False
+        if self.groups == 0:
+            self.lock.acquire()
+        self.groups += 1
+        return True
+
+    def give_back(self):
+        self.groups -= 1
+        if self.groups == 0:
+            self.lock.release()
+
+
+_ONE_GROUP = _OneGrading()
+
+
+def one_rank_group_at_a_time(lock):
+    """Share ``lock`` (a multiprocessing lock, one per class run; None: none) among this process's
+    rank groups in a grading container (see _OneGrading)."""
+    _ONE_GROUP.lock, _ONE_GROUP.groups = lock, 0
+
+
+def _free_port() -> int:
+    """A TCP port of the loopback that no one listens on now, for a rank group's store."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _pidfd_pid(pidfd: int) -> int:
     """The pid, in this process's pid namespace, of the process a pidfd names."""
     with open(f"/proc/self/fdinfo/{pidfd}") as f:
@@ -940,16 +1075,27 @@ def _pidfd_pid(pidfd: int) -> int:
 
 def _held_bytes(tree: list[int], isolated: bool) -> int:
     """The memory a worker's process tree holds, read from the kernel by this process: each
-    process's resident pages (a child holds memory too), what its pipes hold (a pipe, opened again
-    through /proc, says how many bytes wait in it), and, isolated, the files in its private /tmp
-    and /dev/shm (tmpfs: memory too). Sockets, memfds and SysV shared memory, whose memory no one
-    could see from here, are refused by the seccomp filter."""
-    held, pipes = 0, set()
+    process's resident pages (a child holds memory too) and what ``_outside_processes`` counts.
+    Sockets, memfds and SysV shared memory, whose memory no one could see from here, are refused by
+    the seccomp filter."""
+    held = 0
     for pid in tree:
         try:
             held += int(_read_proc(f"/proc/{pid}/statm").split()[1]) * PAGE
-            fds = os.listdir(f"/proc/{pid}/fd")
         except (OSError, IndexError, ValueError):
+            continue
+    return held + _outside_processes(tree, isolated)
+
+
+def _outside_processes(tree: list[int], isolated: bool) -> int:
+    """Memory a worker's process tree holds that no process's pages show: what its pipes hold (a
+    pipe, opened again through /proc, says how many bytes wait in it) and, isolated, the files in
+    its private /tmp and /dev/shm (tmpfs: memory too)."""
+    held, pipes = 0, set()
+    for pid in tree:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
             continue
         for fd in fds:
             path = f"/proc/{pid}/fd/{fd}"
@@ -987,6 +1133,8 @@ def _read_proc(path: str, size: int = 4096) -> bytes:
 
 
 def _load_message(exc: SandboxError, file_name: str) -> str:
+    if isinstance(exc, TimedOut) and exc.clock == "budget":
+        return str(exc)
     if isinstance(exc, TimedOut):
         return exc.finding + ": code at the top level of the file runs at import, " + (
             "so move long work into functions." if exc.clock == "cpu" else

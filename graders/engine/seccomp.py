@@ -63,6 +63,17 @@ CLONE_NEW = {"CLONE_NEWNS": 0x20000, "CLONE_NEWCGROUP": 0x2000000, "CLONE_NEWUTS
              "CLONE_NEWIPC": 0x8000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
              "CLONE_NEWNET": 0x40000000}
 KEYCTL_JOIN_SESSION_KEYRING = 1
+# In a grading container (no namespaces: /tmp, /dev/shm, the disk and the IPC objects are the
+# container's, shared by every pair graded there), a worker makes no file, folder, link, node,
+# message queue or semaphore set anywhere and changes no file's mode: a pair can neither leave
+# anything for another to find (a classmate's code in /dev/shm) nor fill the disk. Its own copy of
+# the learner's file is written before the filter loads, and its size is capped (RLIMIT_FSIZE).
+# open and openat are refused only with O_CREAT or O_TMPFILE; openat2, whose flags lie where a
+# filter cannot read them, always.
+NO_NEW_FILES = ("creat", "mkdir", "mkdirat", "mknod", "mknodat", "link", "linkat", "symlink", "symlinkat", "rename",
+                "renameat", "renameat2", "chmod", "fchmod", "fchmodat", "setxattr", "lsetxattr", "fsetxattr",
+                "openat2", "mq_open", "msgget", "semget")
+O_CREAT, O_TMPFILE = 0o100, 0o20000000
 
 
 class Unavailable(Exception):
@@ -78,7 +89,7 @@ def _seccomp():
     return pyseccomp
 
 
-def _build(worker: bool, spawn: bool = True, ranks: bool = False) -> bytes:
+def _build(worker: bool, spawn: bool = True, ranks: bool = False, container: bool = False) -> bytes:
     s = _seccomp()
     refuse = s.ERRNO(errno.EPERM)
     f = s.SyscallFilter(s.ALLOW)
@@ -104,6 +115,12 @@ def _build(worker: bool, spawn: bool = True, ranks: bool = False) -> bytes:
     f.add_rule(s.ERRNO(errno.ENOSYS), "clone3")
     for flag in CLONE_NEW.values() if spawn else ():
         f.add_rule(refuse, "clone", s.Arg(0, s.MASKED_EQ, flag, flag))
+    if worker and container:
+        for name in NO_NEW_FILES:
+            f.add_rule(refuse, name)
+        for name, flags in (("open", 1), ("openat", 2)):
+            for bit in (O_CREAT, O_TMPFILE):
+                f.add_rule(refuse, name, s.Arg(flags, s.MASKED_EQ, bit, bit))
     if worker:
         f.add_rule(refuse, "keyctl")
     else:   # the zygote's only keyring call: each worker joins a new, empty session keyring
@@ -121,15 +138,16 @@ def zygote() -> bytes:
 
 
 @functools.cache
-def worker(spawn: bool = True, ranks: bool = False) -> bytes:
+def worker(spawn: bool = True, ranks: bool = False, container: bool = False) -> bytes:
     """The worker's filter, as a classic-BPF program (``worker.load_seccomp`` loads it); ``ranks``:
-    a rank's, which may also make AF_INET sockets and threads."""
-    return _build(worker=True, spawn=spawn or ranks, ranks=ranks)
+    a rank's, which may also make AF_INET sockets and threads; ``container``: a worker in a grading
+    container, which makes no file (see NO_NEW_FILES)."""
+    return _build(worker=True, spawn=spawn or ranks, ranks=ranks, container=container)
 
 
 @functools.cache
-def request(spawn: bool = True, ranks: bool = False) -> dict:
+def request(spawn: bool = True, ranks: bool = False, container: bool = False) -> dict:
     """What a fork request tells the zygote: the worker's filter, and keyctl's number on this
     machine (the worker joins a session keyring of its own before the filter refuses keyctl)."""
     s = _seccomp()
-    return {"filter": worker(spawn, ranks).hex(), "keyctl": s.resolve_syscall(s.system_arch(), "keyctl")}
+    return {"filter": worker(spawn, ranks, container).hex(), "keyctl": s.resolve_syscall(s.system_arch(), "keyctl")}

@@ -22,7 +22,10 @@ the code they guard: the learner's, the one process whose word cannot be taken h
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
+import re
+import string
 
 from . import expect
 
@@ -30,15 +33,34 @@ TAMPERING = "tampering"
 
 # The modules a kata's file may import: code that runs in the calling thread, where the recorder
 # sees every torch call, and that starts no thread or process, touches no file and runs no code
-# built at run time. The names a module holds are judged one by one below.
-COMMON_MODULES = (
-    "math",                                       # sqrt, inf: every kata
-    "__future__",                                 # annotations
-    "typing", "dataclasses", "abc", "enum", "numbers",   # annotations, a config class, an interface
-    "functools", "itertools", "collections", "collections.abc", "copy",   # reduce, product, deque, deepcopy
-    "heapq", "bisect",                            # a heap or a sorted list of free ids
-    "warnings",                                   # a warning about an odd argument
-)
+# built at run time. Of the standard library's, only the names listed: an allow-list of what they
+# mean, since a helper that looks harmless can turn a string into code or a name into an attribute
+# (functools.singledispatch evaluates annotation strings, functools.wraps copies attributes named
+# at run time, enum's functional API builds a class, a tensor subclass among them, from computed
+# names). torch's namespaces are judged by the deny-lists below; a kata lets more through by name
+# (its manifest's ``allow``: tp-attention's four names of torch.distributed).
+COMMON_NAMES = {
+    "math": None,                                 # sqrt, inf: every kata (None: every public name)
+    "__future__": ("annotations",),
+    "typing": ("Any", "Optional", "Union", "List", "Dict", "Tuple", "Set", "FrozenSet", "Sequence", "Mapping",
+               "MutableMapping", "MutableSequence", "Iterable", "Iterator", "Callable", "Literal", "Final",
+               "ClassVar", "TypeVar", "Generic", "Protocol", "NamedTuple", "Type", "Deque", "DefaultDict",
+               "Annotated", "Self", "NoReturn", "cast", "overload", "final", "TYPE_CHECKING"),
+    "dataclasses": ("dataclass", "field", "fields", "replace", "asdict", "astuple", "InitVar", "KW_ONLY"),
+    "abc": ("ABC", "abstractmethod"),             # an interface
+    "functools": ("reduce", "partial", "lru_cache", "cache", "cached_property", "total_ordering", "cmp_to_key"),
+    "itertools": ("product", "permutations", "combinations", "combinations_with_replacement", "accumulate",
+                  "chain", "count", "cycle", "repeat", "islice", "starmap", "zip_longest", "groupby", "pairwise",
+                  "takewhile", "dropwhile", "filterfalse", "compress", "batched"),
+    "collections": ("deque", "defaultdict", "OrderedDict", "Counter", "namedtuple", "ChainMap"),
+    "collections.abc": ("Sequence", "Mapping", "MutableMapping", "MutableSequence", "Iterable", "Iterator",
+                        "Callable", "Sized", "Hashable", "Collection", "Container", "Set"),
+    "copy": ("copy", "deepcopy"),
+    "heapq": ("heappush", "heappop", "heapify", "heappushpop", "heapreplace", "nlargest", "nsmallest", "merge"),
+    "bisect": ("bisect", "bisect_left", "bisect_right", "insort", "insort_left", "insort_right"),
+    "warnings": ("warn",),                        # a warning about an odd argument
+}
+COMMON_MODULES = tuple(COMMON_NAMES)
 FRAMEWORK_MODULES = {
     # torch's namespaces of functions and layers; torch.nn.attention holds the sdpa_kernel that a
     # hint of sdpa-swap suggests. No torch kata with structure checks needs NumPy (KATAS.md, the
@@ -82,21 +104,55 @@ DENIED_ATTRIBUTES = (RUNS_ELSEWHERE | OTHER_MODULES | FILES | FRAMES | RECORDER
 # e.__traceback__) but these: a base class's __init__ (super().__init__(), nn.Module.__init__(self))
 # and a class's name for a message (self.__class__.__name__), read, never written.
 ALLOWED_DUNDERS = {"__init__", "__class__", "__name__"}
-# A method of these names takes over torch's dispatch (hiding or rewriting what the recorder
-# sees); __match_args__ makes `case C(x)` read attributes named by strings.
-DENIED_DEFINITIONS = {"__torch_function__", "__torch_dispatch__", "__match_args__"}
-# Builtins that run code built at run time, reach a namespace or open a file. `input` is not one:
-# it is the usual name of forward's argument, and the worker's standard input is closed.
+# Builtins that run code built at run time, reach a namespace or open a file.
 DYNAMIC_BUILTINS = {"exec", "eval", "compile", "__import__", "globals", "locals", "vars", "open", "breakpoint", "help"}
 # Allowed only called directly with a constant name, which the rules above then judge.
 REFLECTION_BUILTINS = {"getattr", "setattr", "delattr", "hasattr"}
+# The builtins a file may use where it binds no name of its own (every exception class too): values,
+# containers and the functions that walk them, all running in the caller's thread. Not dir, id,
+# memoryview, input or iter's kin of the async world; ``type`` only for a name or a comparison
+# (``type(x).__name__``, ``type(a) is type(b)``): with three arguments it builds a class, a
+# tensor subclass among them, from a namespace built at run time, and so does calling what
+# ``type(x)`` returns when x is a class.
+ALLOWED_BUILTINS = {"abs", "all", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr", "classmethod",
+                    "complex", "dict", "divmod", "enumerate", "filter", "float", "format", "frozenset", "hash", "hex",
+                    "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min", "next", "object",
+                    "oct", "ord", "pow", "print", "property", "range", "repr", "reversed", "round", "set", "slice",
+                    "sorted", "staticmethod", "str", "sum", "super", "tuple", "zip", "NotImplemented", "Ellipsis",
+                    *(name for name, value in vars(builtins).items()
+                      if isinstance(value, type) and issubclass(value, BaseException))}
+# The special methods a class of the file may define (or assign in its body): Python calls these
+# from the learner's own code, in its thread. The rest are refused, because torch calls them from
+# inside an op, where the recorder has stepped aside (__torch_function__, __getitem__ and __iter__
+# of a sequence given as sizes, __index__, __float__, __array__), or because they change how
+# attributes, classes or copies are made (__getattr__, __init_subclass__, __set_name__,
+# __reduce__, __class_getitem__).
+ALLOWED_DEFINITIONS = {"__init__", "__post_init__", "__call__", "__repr__", "__str__", "__len__", "__contains__",
+                       "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__enter__", "__exit__",
+                       "__all__", "__slots__"}
+# Bases a class of the file may have besides its own classes and the standard library's names
+# above: torch.nn's modules, never a tensor (torch.Tensor, nn.Parameter and nn.Buffer are
+# tensors, whose subclasses take over torch's dispatch).
+TENSOR_CLASSES = {"Tensor", "Parameter", "Buffer", "UninitializedParameter", "UninitializedBuffer", "parameter"}
 # What `kata lint` adds to a reference to prove that the kata's structure checks catch tampering.
 TAMPERING_PROBE = "\nimport inspect\n"
 
 
-def allowed_modules(framework: str) -> tuple[str, ...]:
-    """The modules a file of a kata in ``framework`` (its manifest's) may import."""
-    return FRAMEWORK_MODULES[framework] + COMMON_MODULES
+def allowed_modules(framework: str, allow: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The modules a file of a kata in ``framework`` (its manifest's) may import; ``allow`` (the
+    manifest's) adds the modules of the names it lists."""
+    return tuple(dict.fromkeys(FRAMEWORK_MODULES[framework] + COMMON_MODULES
+                               + tuple(name.rpartition(".")[0] for name in allow)))
+
+
+def _restricted(allow: tuple[str, ...]) -> dict[str, frozenset | None]:
+    """{module: the only names of it a file may use (None: any)}: the standard library's, and the
+    modules whose names ``allow`` lists."""
+    restricted = {module: None if names is None else frozenset(names) for module, names in COMMON_NAMES.items()}
+    for name in allow:
+        module, _, leaf = name.rpartition(".")
+        restricted[module] = frozenset(restricted.get(module) or ()) | {leaf}
+    return restricted
 
 
 def source_calls(source: str) -> set[str]:
@@ -147,18 +203,22 @@ def _getattr_dotted(node) -> str | None:
     return f"{base}.{name}" if base else None
 
 
-def tampering(source: str, framework: str) -> list[str]:
+def tampering(source: str, framework: str, allow: tuple[str, ...] = ()) -> list[str]:
     """What in the source a structure check cannot trust, each as ``what (line N)``: an import
     outside the kata's allow-list (``allowed_modules``: threading, os, a helper module of one's
     own, ...), and the constructs of the deny-lists above, however a module is imported: a torch
     namespace that runs code where the recorder does not look, a dunder or another module's private
     attribute, a module bound to another name or patched, exec and its kin, getattr and its kin
-    without a constant name, a file written or loaded. A kata solution needs none of them."""
+    without a constant name, a file written or loaded; and what lies outside the allow-lists of
+    meaning: a standard-library name, a builtin or a special method not listed, a class whose base
+    is a tensor or that names a metaclass, ``type`` used other than for a name, a string that runs
+    as code (an annotation, a format string that reads attributes). A kata solution needs none of
+    them. ``allow``: names the kata lets through besides (its manifest's)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return []   # such a file does not load: its checks fail without a recording
-    found = _Scan(tree, allowed_modules(framework)).found
+    found = _Scan(tree, allowed_modules(framework, allow), _restricted(allow)).found
     lines: dict[str, list[int]] = {}
     for what, line in sorted(set(found), key=lambda item: (item[1], item[0])):
         lines.setdefault(what, []).append(line)
@@ -170,13 +230,16 @@ class _Scan(ast.NodeVisitor):
     is visited before its children, so a name marked as the base of an attribute (``torch`` in
     ``torch.exp``) or as a direct ``getattr`` is known when the walk reaches it."""
 
-    def __init__(self, tree, allowed: tuple[str, ...]):
-        self.allowed, self.found = allowed, []
+    def __init__(self, tree, allowed: tuple[str, ...], restricted: dict[str, frozenset | None]):
+        self.allowed, self.restricted, self.found = allowed, restricted, []
         self.aliases = _aliases(tree)
         # Names bound to a module (`import torch`, `from torch import nn`): never a value of their own.
         self.modules = {name for name, target in self.aliases.items()
                         if target in allowed or name == target.split(".")[0]}
         self.bound = _bound(tree)
+        self.names = _names(tree)   # every name the file binds: a builtin's name is then its own
+        self.classes = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+        self.parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         self.bases, self.direct = set(), set()   # ids of Name nodes: an attribute's base, a direct getattr
         self.visit(tree)
 
@@ -192,6 +255,27 @@ class _Scan(ast.NodeVisitor):
             return read and name in ALLOWED_DUNDERS
         return not name.startswith("_") or (not of_module and name in self.bound)
 
+    def listed(self, resolved: str | None, node=None) -> bool | None:
+        """The allow-lists' verdict on the dotted name ``resolved``: False for a name of a restricted
+        module (the standard library's, or one the kata's ``allow`` opens) that its list lacks, or
+        for such a module used as a value (``node`` not the base of an attribute); True for a listed
+        name or module itself, which the deny-lists then leave alone; None outside them."""
+        module = max((m for m in self.restricted if resolved == m or (resolved or "").startswith(m + ".")),
+                     key=len, default=None)
+        if module is None:
+            return None
+        if resolved == module:
+            return node is None or isinstance(self.parents.get(id(node)), ast.Attribute)
+        names, leaf = self.restricted[module], resolved[len(module) + 1:].split(".")[0]
+        if leaf not in (names or ()) and (names is not None or leaf.startswith("_")):
+            return False
+        return True if resolved == f"{module}.{leaf}" else None
+
+    def judged(self, name: str, resolved: str | None, node, *, read: bool = True) -> bool:
+        """Whether attribute ``name`` (``resolved`` when read from an imported name) may be reached."""
+        verdict = self.listed(resolved, node)
+        return verdict if verdict is not None else self.attribute_ok(name, of_module=resolved is not None, read=read)
+
     def visit_Import(self, node):
         for a in node.names:
             if a.name not in self.allowed:
@@ -202,7 +286,7 @@ class _Scan(ast.NodeVisitor):
         for a in node.names:
             # Relative: a module of the learner's own, which a structure check cannot read.
             if node.level or node.module not in self.allowed or a.name == "*" \
-                    or not self.attribute_ok(a.name, of_module=True):
+                    or not self.judged(a.name, f"{node.module}.{a.name}", None):
                 self.refuse(f"from {module} import {a.name}", node)
 
     def writable(self, chain: str | None) -> bool:
@@ -212,14 +296,24 @@ class _Scan(ast.NodeVisitor):
         return (chain is not None and _resolve(chain, self.aliases) is None
                 and not any(_dunder(part) for part in chain.split(".")))
 
+    def named(self, node) -> bool:
+        """Whether ``node``, a class (``type(x)``, ``x.__class__``), is used only for its name or in
+        a comparison: never called, subclassed or kept, which could build a class."""
+        parent = self.parents.get(id(node))
+        return (isinstance(parent, ast.Attribute) and parent.attr in ("__name__", "__qualname__")) \
+            or isinstance(parent, ast.Compare)
+
     def visit_Attribute(self, node):
         if isinstance(node.value, ast.Name):
             self.bases.add(id(node.value))
         chain = _dotted(node)
         resolved, read = _resolve(chain, self.aliases), isinstance(node.ctx, ast.Load)
-        if not self.attribute_ok(node.attr, of_module=resolved is not None, read=read) \
-                or not (read or self.writable(chain)):
+        if not self.judged(node.attr, resolved, node, read=read) or not (read or self.writable(chain)):
             self.refuse(resolved or _text(node), node)
+        elif node.attr == "__class__" and not self.named(node):
+            self.refuse(f"{_text(node)} other than for its name", node)
+        elif node.attr in ("format", "format_map") and not _plain_format(node.value):
+            self.refuse(f"{_text(node)}: a format string that is built at run time or reads attributes", node)
         self.generic_visit(node)
 
     def visit_Call(self, node):
@@ -234,28 +328,76 @@ class _Scan(ast.NodeVisitor):
                 base = _dotted(node.args[0])
                 chain = base and f"{base}.{name}"
                 resolved, read = _resolve(chain, self.aliases), node.func.id in ("getattr", "hasattr")
-                if not self.attribute_ok(name, of_module=resolved is not None, read=read) \
-                        or not (read or self.writable(chain)):
+                if not self.judged(name, resolved, None, read=read) or not (read or self.writable(chain)):
                     self.refuse(resolved or f"{node.func.id}(..., {name!r})", node)
+        elif isinstance(node.func, ast.Name) and node.func.id == "type" and "type" not in self.names:
+            self.direct.add(id(node.func))
+            if len(node.args) != 1 or node.keywords:
+                self.refuse(f"type() with {len(node.args) + len(node.keywords)} arguments", node)
+            elif not self.named(node):
+                self.refuse(f"{_text(node)} other than for its name", node)
         self.generic_visit(node)
 
     def visit_Name(self, node):
         load = isinstance(node.ctx, ast.Load)
         if node.id in DYNAMIC_BUILTINS:
             self.refuse(node.id, node)
-        elif node.id in REFLECTION_BUILTINS and id(node) not in self.direct:
+        elif node.id in REFLECTION_BUILTINS | {"type"} and id(node) not in self.direct and node.id not in self.names:
             self.refuse(f"{node.id} as a value", node)   # g = getattr; g(obj, name)
-        elif _dunder(node.id) and (node.id not in ALLOWED_DUNDERS if load else node.id in DENIED_DEFINITIONS):
+        elif _dunder(node.id) and (node.id not in ALLOWED_DUNDERS if load else node.id not in ALLOWED_DEFINITIONS):
             self.refuse(node.id, node)
         elif load and node.id in self.modules and id(node) not in self.bases:
             self.refuse(f"{node.id} as a value", node)   # t = torch: t._C escapes the aliases above
+        elif load and node.id not in self.names and hasattr(builtins, node.id) and not _dunder(node.id) \
+                and node.id not in ALLOWED_BUILTINS | REFLECTION_BUILTINS | {"type"}:
+            self.refuse(f"{node.id}, a builtin this check does not list", node)
 
     def visit_FunctionDef(self, node):
-        if node.name in DENIED_DEFINITIONS:
+        if _dunder(node.name) and node.name not in ALLOWED_DEFINITIONS:
             self.refuse(f"def {node.name}", node)
+        self.annotations(node.returns)
         self.generic_visit(node)
 
     visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_arg(self, node):
+        self.annotations(node.annotation)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node):
+        self.annotations(node.annotation)
+        self.generic_visit(node)
+
+    def annotations(self, node):
+        """A string in an annotation is code that typing may evaluate: only a name (a class
+        defined later) is let through."""
+        for part in ast.walk(node) if node is not None else ():
+            if isinstance(part, ast.Constant) and isinstance(part.value, str) \
+                    and not all(word.isidentifier() for word in part.value.split(".")):
+                self.refuse(f"the annotation {part.value[:40]!r}{'...' if len(part.value) > 40 else ''}", part)
+
+    def visit_ClassDef(self, node):
+        for base in node.bases:
+            if not self.base_ok(base):
+                self.refuse(f"class {node.name}({_text(base)})", node)
+        for keyword in node.keywords:
+            self.refuse(f"class {node.name}({keyword.arg}=...)", node)   # a metaclass
+        self.generic_visit(node)
+
+    def base_ok(self, base) -> bool:
+        """A base class of the file's own, a builtin exception or ``object``, a listed name of the
+        standard library, or a torch.nn module (never a tensor; see TENSOR_CLASSES)."""
+        if isinstance(base, ast.Subscript):   # Generic[T]
+            base = base.value
+        if isinstance(base, ast.Name) and base.id not in self.aliases:
+            return base.id in self.classes or (base.id not in self.names and base.id in ALLOWED_BUILTINS
+                                               and isinstance(getattr(builtins, base.id), type))
+        resolved = _resolve(_dotted(base), self.aliases)
+        if resolved is None:
+            return False
+        if resolved.startswith("torch.nn."):
+            return not TENSOR_CLASSES & set(resolved.split("."))
+        return self.listed(resolved) is True and resolved.split(".")[0] in COMMON_NAMES
 
     def visit_MatchClass(self, node):
         for name in node.kwd_attrs:   # `case C(attr=x)` reads x = subject.attr
@@ -268,6 +410,41 @@ class _Scan(ast.NodeVisitor):
         if isinstance(node.value, str) and (node.value in FRAMES | RECORDER or (
                 _dunder(node.value) and node.value not in ALLOWED_DUNDERS | {"__main__"})):
             self.refuse(repr(node.value), node)
+
+
+def _plain_format(node) -> bool:
+    """Whether ``node`` is a format string written in the file whose fields name arguments only
+    (``"{} of {n:.2f}"``), never an attribute or an item of one (``"{0.__globals__}"``)."""
+    if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+        return False
+
+    def plain(text: str, depth: int = 0) -> bool:
+        try:
+            fields = list(string.Formatter().parse(text))
+        except ValueError:
+            return False
+        return all(field is None or (re.fullmatch(r"\w*", field) and depth < 2 and plain(spec or "", depth + 1))
+                   for _, field, spec, _ in fields)
+
+    return plain(node.value)
+
+
+def _names(tree) -> set[str]:
+    """Every name the file binds: assigned, imported, defined, an argument, an exception or a
+    pattern's capture."""
+    names = set(_aliases(tree))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+    return names
 
 
 def _bound(tree) -> set[str]:
@@ -318,13 +495,16 @@ def check_untampered(learner, *, call: str, case: str | None = None):
     recorder sees none of the calls its body makes). Last, so that a known bug the check sees is
     still named (and the bug oracles, whose files load the reference with exec, keep their own
     diagnoses)."""
-    found = [*_verdict(learner.source, learner.framework),
-             *(f"{name}, a custom operator" for name in sorted(learner.custom_operators))]
+    found = [*_verdict(learner.source, learner.framework, learner.allow),
+             *(f"{name}, a custom operator" for name in sorted(learner.custom_operators)),
+             *(f"{name}, a function of your file that torch ran inside one of its own calls, where the recorder "
+               "does not look" for name in sorted(learner.below_recorder))]
     expect.that(not found, "Your file uses something with which code can hide what it computes from the grader "
                 "(a module this kata does not list, introspection, dynamic code, a thread or a process, a file): "
                 "each is named below with its line. This structure check cannot trust what it saw, so it scores 0.",
                 call=call, case=case, got=", ".join(found),
-                expected=f"plain code that imports only {', '.join(allowed_modules(learner.framework))} and calls "
+                expected="plain code that imports only "
+                f"{', '.join(allowed_modules(learner.framework, learner.allow))} and calls "
                 "their functions directly",
                 diagnose=lambda: TAMPERING)
 

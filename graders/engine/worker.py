@@ -255,17 +255,22 @@ def _summary(value):
 
 def _recorder():
     """The recorder of a structure check's calls, made before the learner's file is imported (so
-    that no later change to torch's modules reaches it): ``Recorder(ops)`` records, in call order,
-    every torch function called (a TorchFunctionMode) and every nn.Module called (a global forward
-    pre-hook; these entries have ``"kind": "module"`` and the class's name and module). A custom
-    operator is recorded by its own name, not by what its body calls (the trusted side refuses it)."""
+    that no later change to torch's modules reaches it): ``Recorder(ops, source)`` records, in call
+    order, every torch function called (a TorchFunctionMode) and every nn.Module called (a global
+    forward pre-hook; these entries have ``"kind": "module"`` and the class's name and module). A
+    custom operator is recorded by its own name, not by what its body calls (the trusted side
+    refuses it). While a torch function runs, the mode steps aside, so code of the learner's file
+    (``source``, its name in tracebacks) that torch calls from inside one (a tensor subclass's
+    handler, a ``__len__`` or ``__repr__`` torch's Python code reaches, a callback) would run
+    unrecorded: a profile hook, set only while a torch function runs, records each such function
+    once, as ``"kind": "below"`` (the trusted side refuses the file)."""
     from torch.nn.modules.module import register_module_forward_pre_hook
     from torch.overrides import TorchFunctionMode
 
     class Recorder(TorchFunctionMode):
-        def __init__(self, ops):
+        def __init__(self, ops, source=None):   # source None: the trusted side's own recordings
             super().__init__()
-            self.ops = ops
+            self.ops, self.source, self.depth, self.below = ops, source, 0, set()
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -273,7 +278,22 @@ def _recorder():
                              "module": getattr(func, "__module__", None) or "",
                              "args": [_summary(a) for a in args],
                              "kwargs": {k: _summary(v) for k, v in kwargs.items()}})
-            return func(*args, **kwargs)
+            watch = self.source is not None and self.depth == 0
+            self.depth += 1
+            if watch:
+                sys.setprofile(self._called)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.depth -= 1
+                if watch:
+                    sys.setprofile(None)
+
+        def _called(self, frame, event, arg):
+            code = frame.f_code
+            if event == "call" and code.co_filename == self.source and code.co_name not in self.below:
+                self.below.add(code.co_name)
+                self.ops.append({"kind": "below", "name": code.co_name, "module": "", "args": [], "kwargs": {}})
 
         def _module_called(self, module, args):
             cls = type(module)
@@ -307,6 +327,7 @@ class Worker:
         # Made before the learner's file is imported wherever torch is loaded by then (the
         # zygote loads it for every torch kata).
         self.recorder = _recorder() if "torch" in sys.modules else None
+        self.views = _module_views() if "torch" in sys.modules else None
 
     def serve(self):
         import numpy  # noqa: F401  (the import is the warm-up)
@@ -365,14 +386,14 @@ class Worker:
                 if op == "getattr":
                     result = target
                 elif op == "module_info":
-                    result = _module_info(target)
+                    result = _module_info(target, self.views)
                 else:
                     args = [self.codec.decode(a, blobs) for a in request.get("args", [])]
                     kwargs = {k: self.codec.decode(v, blobs) for k, v in request.get("kwargs", {}).items()}
                     if request.get("record") and "torch" in sys.modules:
                         if self.recorder is None:   # a NumPy kata's file that imported torch itself
                             self.recorder = _recorder()
-                        with self.recorder(ops):
+                        with self.recorder(ops, self.source_name):
                             result = target(*args, **kwargs)
                     else:
                         result = target(*args, **kwargs)
@@ -391,12 +412,18 @@ class Worker:
         return reply, out_blobs
 
     def seed(self, seed):
+        """Seed the random generators the learner's code may use, so that the same seed makes the
+        same draws, with a value hashed from the grading's seed: what the code can read back
+        (NumPy's state, torch.initial_seed()) falls anywhere in 32 bits, whether the seed is a
+        self-study one or a class's (whose ranges differ, see classroom.rules)."""
+        import hashlib
         import random
 
         import numpy as np
 
+        seed = int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=4, person=b"kata-seed").digest(), "big")
         random.seed(seed)
-        np.random.seed(seed % 2**32)
+        np.random.seed(seed)
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
             torch.manual_seed(seed)
@@ -549,13 +576,14 @@ def naive_attention(q, k, v, causal=False):
 
 
 def init_distributed(rank, world_size, store, timeout_s, collective_timeout_s):
-    """Join this rank's group: torch.distributed's default process group (gloo), met through a
-    file store that every rank of the group can reach within ``timeout_s``. A collective that some
-    rank never joins fails after ``collective_timeout_s`` rather than waiting for the sandbox's
-    wall clock. Gloo binds to the loopback, the only interface of a rank group's own network,
-    rather than look up the host's name. The group keeps its own record of the collectives this
-    rank enters (torch's flight recorder), and of the async ones never waited on (its registry of
-    works in flight): what ``collectives`` reads."""
+    """Join this rank's group: torch.distributed's default process group (gloo), met within
+    ``timeout_s`` through ``store``: a file every rank of the group can reach, or a ``tcp://``
+    address where the ranks may make no file (a grading container, see seccomp.NO_NEW_FILES). A
+    collective that some rank never joins fails after ``collective_timeout_s`` rather than
+    waiting for the sandbox's wall clock. Gloo binds to the loopback, the only interface of a
+    rank group's own network, rather than look up the host's name. The group keeps its own
+    record of the collectives this rank enters (torch's flight recorder), and of the async ones
+    never waited on (its registry of works in flight): what ``collectives`` reads."""
     import datetime
 
     import torch._C._distributed_c10d as c10d
@@ -564,8 +592,8 @@ def init_distributed(rank, world_size, store, timeout_s, collective_timeout_s):
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     os.environ["TORCH_FR_BUFFER_SIZE"] = str(FLIGHT_RECORDS)   # read when the group is made
     c10d._set_allow_inflight_collective_as_graph_input(True)   # an async work stays registered until waited on
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group("gloo", init_method=store if "://" in store else f"file://{store}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
     dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=collective_timeout_s))
 
 
@@ -602,20 +630,35 @@ KIT_FUNCTIONS = {"sdpa_self_attention": sdpa_self_attention, "naive_attention": 
                  "init_distributed": init_distributed, "all_reduce": all_reduce, "collectives": collectives}
 
 
-def _module_info(module):
+def _module_views():
+    """(a module's own __dict__, a tensor's shape, dtype, device) as nn.Module and torch's tensor
+    type keep them, taken before the learner's file is imported: its class may define ``__dict__``
+    (a property giving other dicts) or a Parameter subclass ``shape``, which ``obj.__dict__`` and
+    ``t.shape`` would ask."""
+    import torch
+
+    tensor = vars(torch._C.TensorBase)
+    return tuple(d.__get__ for d in (vars(torch.nn.Module)["__dict__"], tensor["shape"], tensor["dtype"],
+                                     tensor["device"]))
+
+
+def _module_info(module, views=None):
     """What nn.Module keeps in its own dicts, read the way named_parameters(), named_buffers() and
     state_dict() read them, without calling those methods: the learner's class can override them
-    (or __getattr__, or its dicts' methods) to report a buffer it does not have."""
+    (or __getattr__, __dict__, its dicts' methods or its tensors' shape) to report a parameter it
+    does not have, or hide one it has. ``views``: _module_views, taken before the file ran where torch
+    was loaded by then."""
     import torch
 
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {_qualname(module)}")
+    own_dict, shape, dtype, device = views or _module_views()
     found = {"_parameters": {}, "_buffers": {}}
     seen = {"_parameters": set(), "_buffers": set()}   # a tensor two modules share is named once
     state_dict = []
 
     def walk(m, prefix):
-        own = object.__getattribute__(m, "__dict__")
+        own = own_dict(m)   # nn.Module's own: raises for an object that only claims to be one
         for kind in found:
             for name, t in dict.items(own[kind]):
                 if t is None:
@@ -624,13 +667,13 @@ def _module_info(module):
                     state_dict.append(prefix + name)
                 if id(t) not in seen[kind]:
                     seen[kind].add(id(t))
-                    found[kind][prefix + name] = [list(t.shape), str(t.dtype), str(t.device)]
+                    found[kind][prefix + name] = [list(shape(t)), str(dtype(t)), str(device(t))]
         for name, child in dict.items(own["_modules"]):
             if child is not None:
                 walk(child, f"{prefix}{name}.")
 
     walk(module, "")
-    return {"type": _qualname(module), "training": bool(object.__getattribute__(module, "__dict__")["training"]),
+    return {"type": _qualname(module), "training": bool(own_dict(module)["training"]),
             "parameters": found["_parameters"], "buffers": found["_buffers"], "state_dict": state_dict}
 
 
@@ -910,13 +953,16 @@ def _forked(sock, fds, request, isolated, mounts=True, mounted=None):
             # outlives its zygote (killed, not closed) is killed with it. (Isolated: bwrap's
             # --die-with-parent and the pid namespaces do this.)
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if confined:
-            load_seccomp(bytes.fromhex(confined["filter"]))
+        os.umask(0o077)
         if "rank" in request:   # the ranks of a group share a folder
             os.mkdir(f"rank{request['rank']}", 0o700)
             os.chdir(f"rank{request['rank']}")
-        with open(request["file"], "wb") as copy:   # written as the sandbox user: the learner's own copy
+        # Written as the sandbox user, before the filter (which, in a grading container, lets no
+        # file be made): the learner's own copy.
+        with open(request["file"], "wb") as copy:
             copy.write(text)
+        if confined:
+            load_seccomp(bytes.fromhex(confined["filter"]))
         sys.setrecursionlimit(3000)
         Worker(req_fd, resp_fd, request["framework"]).serve()
         code = 0
