@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from graders.engine.manifest import find
+from graders.engine.structure import TAMPERING
 
 from conftest import KATA, OTHER_UID, WHO, as_user, needs_bwrap
 
@@ -199,6 +200,46 @@ def test_hostile_text_cannot_empty_the_gradebook(course, space):
 
 
 # --- 2. files sized before they are read ----------------------------------------------------------
+
+# softmax with a banned call (torch.softmax) run with torch's recording off, both reached only
+# through an annotation string that functools.singledispatch evaluates as code when it registers.
+HIDDEN_BANNED = """import functools
+
+import numpy as np
+
+HIDDEN = []
+
+
+@functools.singledispatch
+def _hide(arg):
+    return arg
+
+
+@_hide.register
+def _(arg: "HIDDEN.extend([__import__('torch'), __import__('torch')._C.DisableTorchFunction]) or int"):
+    return arg
+
+
+def softmax(x, axis=-1):
+    torch, quiet = HIDDEN
+    with quiet():
+        return np.asarray(torch.softmax(torch.as_tensor(x), dim=axis))
+"""
+
+
+def test_a_banned_call_hidden_in_a_notebook_cell_earns_nothing(course, space):
+    """Containment, round four (class A), in a notebook: the banned call, run from an annotation
+    string with recording off, had 10/10 from `kata nbgrader autograde`. The static check refuses
+    the helper and the string: the banned-API check scores 0 as tampering, and graded rules give
+    the kata 0."""
+    submit(course, "mallory", HIDDEN_BANNED)
+    assert autograde(space, course)["mallory"] == FULL - find("softmax").checks["banned-api"]
+    said = feedback(course, "mallory")
+    assert "functools.singledispatch" in said and TAMPERING in said
+    graded = space.kata("nbgrader", "autograde", course, "ps1", "--graded")
+    assert graded.returncode == 0, graded.stderr.decode("utf-8")
+    assert "under this class's rules the kata scores 0" in feedback(course, "mallory")
+
 
 def test_files_too_large_are_refused_unread(space, course):
     subs, out = space.root / "subs", space.root / "out"
