@@ -382,6 +382,7 @@ def test_ctrl_c_keeps_what_was_graded_and_the_next_run_resumes(tmp_path, forced)
     assert proc.returncode == 130 and "Interrupted" in err
     assert ("run the same command again without --force to grade the rest" in err) == forced, err
     assert 1 <= saved < 6
+    assert f"Interrupted: {saved} of 6 pair(s) graded and saved" in err, err   # each pair counted once
     resumed = subprocess.run([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "softmax"],
                              capture_output=True, text=True, timeout=300)
     assert f"{6 - saved} pair(s) to grade, {saved} unchanged" in resumed.stderr

@@ -472,6 +472,7 @@ class Grading:
             running = {pool.submit(_grade_in_process, p.kata.slug, str(p.file), self.seeds(p), self.device,
                                    self.sandbox):
                        (p, submission_fingerprint(p.file)) for p in pairs}
+            seen = set()   # the futures whose pairs were saved (or found broken) already
             try:
                 for future in futures.as_completed(running):
                     pair, fingerprint = running[future]
@@ -479,12 +480,13 @@ class Grading:
                         result = future.result()
                     except futures.process.BrokenProcessPool:
                         broken.append(pair)
-                        continue
-                    finished(pair, fingerprint, result)
+                    else:
+                        finished(pair, fingerprint, result)
+                    seen.add(future)
             except KeyboardInterrupt:
                 pool.shutdown(wait=True, cancel_futures=True)
-                for future, (pair, fingerprint) in running.items():
-                    if future.done() and not future.cancelled() and future.exception() is None:
+                for future, (pair, fingerprint) in running.items():   # those that finished meanwhile, once each
+                    if future not in seen and future.done() and not future.cancelled() and future.exception() is None:
                         finished(pair, fingerprint, future.result())
                 raise
         return broken
