@@ -271,6 +271,27 @@ def test_overrides_apply_after_grading_survive_regrades_and_are_marked(tmp_path)
     assert float(grades(out)["ann"]["softmax"]) == 9.5   # a refused file changes nothing
 
 
+def test_an_override_names_its_learner_in_either_unicode_form(tmp_path):
+    """A folder named as macOS writes names (decomposed, NFD) and an overrides.csv typed in a
+    spreadsheet (composed, NFC): the same learner. Two folders that are the same name in both forms
+    are refused by name, never guessed between."""
+    composed, decomposed = "Jos\u00e9", "Jose\u0301"
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    (subs / decomposed).mkdir(parents=True)
+    (subs / decomposed / "softmax.py").write_text(OVERFLOW)
+    out.mkdir()
+    (out / "overrides.csv").write_text(f"learner,kata,score,reason\n{composed},softmax,9.5,Regrade request\n",
+                                       encoding="utf-8")
+    run = kata_grade(subs, out, "--katas", "softmax")
+    assert run.returncode == 0, run.stderr
+    with open(out / "grades.csv", newline="", encoding="utf-8") as f:
+        assert {row["learner"]: row["softmax"] for row in csv.DictReader(f)} == {decomposed: "9.5"}
+    (subs / composed).mkdir()
+    (subs / composed / "softmax.py").write_text(OVERFLOW)
+    refused = kata_grade(subs, out, "--katas", "softmax")
+    assert refused.returncode == 2 and "names two learner folders" in refused.stderr, refused.stderr
+
+
 def test_copied_files_are_reported_and_independent_ones_are_not(tmp_path):
     zoo = Path(__file__).parent / "zoo" / "softmax"
     ann = (zoo / "einsum_normaliser.py").read_text()

@@ -221,6 +221,11 @@ def read_overrides(path: Path, katas: list[Kata], learners: list[str]) -> dict[t
         raise OverridesError(f"{path} cannot be read: {exc}.") from None
     if not rows or [c.strip() for c in rows[0]] != OVERRIDE_COLUMNS:
         raise OverridesError(f"{path}: its first line must be {','.join(OVERRIDE_COLUMNS)}.")
+    # A name typed in a spreadsheet may be composed (NFC) where the folder's is decomposed (NFD,
+    # as macOS writes it), or the other way round: both name the same folder.
+    folders = {}
+    for folder in learners:
+        folders.setdefault(unicodedata.normalize("NFC", folder), []).append(folder)
     found = {}
     for line, row in enumerate(rows[1:], 2):
         if not any(cell.strip() for cell in row):
@@ -229,12 +234,16 @@ def read_overrides(path: Path, katas: list[Kata], learners: list[str]) -> dict[t
             raise OverridesError(f"{path}, line {line}: it has {len(row)} cells, not 4 (quote a reason that "
                                  "holds a comma).")
         learner, slug, score, reason = (cell.strip() for cell in row + [""] * (4 - len(row)))
+        named = folders.get(unicodedata.normalize("NFC", learner), [])
         kata = by_slug.get(slug)
         try:
             points = float(score)
         except ValueError:
             points = None
-        why = (f"no learner folder {learner!r}" if learner not in learners else
+        learner = named[0] if len(named) == 1 else learner
+        why = (f"no learner folder {learner!r}" if not named else
+               f"{learner!r} names two learner folders, {' and '.join(map(ascii, named))}, the same name in two "
+               "Unicode forms: rename one of them" if len(named) > 1 else
                f"{slug!r} is not one of this class's katas ({', '.join(by_slug)})" if kata is None else
                f"the score {score!r} is not a number from 0 to {kata.max_score:g}"
                if points is None or not 0 <= points <= kata.max_score else
