@@ -91,13 +91,18 @@ def run_autograder(root: Path, files: dict[str, str | Path]) -> dict:
     return autograde(root, files)[0]
 
 
-def autograde(root: Path, files: dict[str, str | Path], launcher: tuple[str, ...] = ()) -> tuple[dict, str]:
+def autograde(root: Path, files: dict[str, str | Path], launcher: tuple[str, ...] = (),
+              users: list[dict] | None = None) -> tuple[dict, str]:
     """run_autograder's results.json and its stdout (what instructors see); ``launcher``: the
-    command that runs it (a container's limits)."""
+    command that runs it (a container's limits); ``users``: the submitters, as Gradescope's
+    submission_metadata.json lists them (none: no metadata, as when the autograder is tried by hand)."""
     import jsonschema   # here, not at collection: it takes most of a second
     submission = root / "submission"
     shutil.rmtree(submission, ignore_errors=True)
     shutil.rmtree(root / "results", ignore_errors=True)
+    (root / "submission_metadata.json").unlink(missing_ok=True)
+    if users is not None:
+        (root / "submission_metadata.json").write_text(json.dumps({"id": 123456, "users": users}))
     submission.mkdir()
     for name, content in files.items():
         (submission / name).parent.mkdir(parents=True, exist_ok=True)
@@ -186,6 +191,22 @@ def test_empty_submission_scores_zero_and_says_what_is_missing(installed):
     assert all(t["status"] == "failed" for t in results["tests"])
     text = json.dumps(results)
     assert all(f"No {k.learner_file} was submitted." in text for k in KATAS)
+
+
+def test_each_student_draws_inputs_of_their_own_and_keeps_them_on_resubmission(installed):
+    """Seeds come from the class's secret and the submitters' Gradescope ids (submission_metadata.json):
+    a wrong softmax shows two students other failing values, and a student resubmitting the same
+    ones; a name or an address of theirs plays no part."""
+    def shown(user_id, name):
+        results, stdout = autograde(installed, {"softmax.py": OVERFLOW},
+                                    users=[{"email": f"{name}@example.com", "id": user_id, "name": name}])
+        failed = [t["output"] for t in results["tests"] if t["status"] == "failed"]
+        assert failed and f"student-{user_id}" in stdout, stdout   # summary.md names the learner by id
+        return failed
+
+    ada, bob = shown(1201, "Ada"), shown(1202, "Bob")
+    assert ada != bob
+    assert shown(1201, "Ada Lovelace") == ada
 
 
 def test_files_as_students_hand_them_in_are_found_and_listed(installed):
@@ -409,8 +430,8 @@ while time.time() < deadline:
             argv = open(f"/proc/{{pid}}/cmdline", "rb").read().decode(errors="replace").split("\\0")
         except OSError:
             continue
-        if "--out" in argv:   # kata grade SUBMISSIONS --out OUT: where the copy and the grades are
-            grader = argv
+        if "--out" in argv and "grade" in argv:   # kata grade SUBMISSIONS --out OUT: the copy and the grades
+            grader = argv   # (not another command with an --out, which tests running beside this one start)
         if "--out" in argv or any(a.endswith("worker.py") or "multiprocessing" in a for a in argv):
             seen.add(pid)
             attempt("kill", lambda pid=pid: os.kill(int(pid), signal.SIGKILL), pid)

@@ -108,16 +108,29 @@ katas="$("$root/venv/bin/python" -c 'import json, sys; print(",".join(json.load(
 # an unprivileged user when we are root, must not read it. mktemp -d makes a root-only folder for
 # the copy of the submission and the grades (--container checks all this, and refuses otherwise).
 chmod -R go-rwx "$root/source"
+# Whose submission this is: each student draws inputs of their own from the class's secret, the
+# same for every resubmission, by their Gradescope user ids (a group's, in order), never by a name
+# or an address of theirs. Without the metadata, as when the autograder is tried by hand: one name.
+learner="$("$root/venv/bin/python" - "$root/submission_metadata.json" <<'PY'
+import json, sys
+try:
+    with open(sys.argv[1], encoding="utf-8") as f:
+        ids = sorted({int(user["id"]) for user in json.load(f)["users"]})
+except (OSError, ValueError, KeyError, TypeError):
+    ids = []
+print("student-" + "-".join(map(str, ids)) if ids else "submission")
+PY
+)" || learner=submission
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/submissions/submission"
+mkdir -p "$work/submissions/$learner"
 if [ -d "$root/submission" ]; then
-    cp -R "$root/submission/." "$work/submissions/submission/"
+    cp -R "$root/submission/." "$work/submissions/$learner/"
 fi
 # `kata grade` reads the files as root: a submitted symlink to the reference must not count.
 find "$work/submissions" -type l -delete
 echo "Files submitted:"
-(cd "$work/submissions/submission" && find . -type f | LC_ALL=C sort | cat -v)
+(cd "$work/submissions/$learner" && find . -type f | LC_ALL=C sort | cat -v)
 # The class's secret and policy: every re-run of a submission draws the same inputs.
 mkdir -p "$work/out/.kata" && cp "$root/source/class.json" "$work/out/.kata/class.json"
 
@@ -126,7 +139,7 @@ mkdir -p "$work/out/.kata" && cp "$root/source/class.json" "$work/out/.kata/clas
 "$root/venv/bin/kata" grade "$work/submissions" --out "$work/out" --katas "$katas" --container
 status=$?
 [ -f "$work/out/summary.md" ] && cat "$work/out/summary.md"   # the autograder's output: instructors only
-graded="$work/out/submission/results.json"
+graded="$work/out/$learner/results.json"
 if [ "$status" -ne 0 ] || [ ! -s "$graded" ]; then
     fallback "Grading failed (kata grade exit status $status) before it wrote your results. Please tell your instructor."
     exit 0
