@@ -134,16 +134,20 @@ def _policy_options(command):
         click.option("--hide-hidden-names/--show-hidden-names", default=None,
                      help="Learners see each hidden check only as 'hidden check i of n' (on Gradescope, after "
                           "the due date)."),
+        click.option("--show-hidden-diagnoses/--hide-hidden-diagnoses", default=None,
+                     help="Tell learners the diagnosis of a failed hidden check (never its inputs); not part of "
+                          "--graded."),
     ]
     for option in reversed(options):
         command = option(command)
     return command
 
 
-def _policy(graded, banned_fails, withhold_fixes, hide_hidden_names) -> dict:
-    """The policy flags given (None: as the class file says; --graded: each one not given is on)."""
+def _policy(graded, banned_fails, withhold_fixes, hide_hidden_names, show_hidden_diagnoses) -> dict:
+    """The policy flags given (None: as the class file says; --graded: each of its three not given is on)."""
     given = {"banned_fails": banned_fails, "withhold_fixes": withhold_fixes, "hide_hidden": hide_hidden_names}
-    return {name: True if graded and on is None else on for name, on in given.items()}
+    return {**{name: True if graded and on is None else on for name, on in given.items()},
+            "show_hidden_diagnoses": show_hidden_diagnoses}
 
 
 def _all_katas() -> tuple[Kata, ...]:
@@ -713,13 +717,11 @@ def _kata_list(values: tuple[str, ...]) -> list[Kata]:
                    "pair whether the grade is the same (exit 1 if one differs): how a re-grade request is checked.")
 @click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
               help="Where the graders run: every learner of a class on the same kind of device.")
-@click.option("--show-hidden-diagnoses", is_flag=True,
-              help="Tell learners the diagnosis of a failed hidden check (never its inputs).")
 @_policy_options
 @_no_sandbox_option
 @_container_option
-def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay, device, show_hidden_diagnoses,
-                no_sandbox, container, **policy):
+def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay, device, no_sandbox, container,
+                **policy):
     """Grade a class: SUBMISSIONS/<learner>/<kata file> for every learner and kata.
 
     Writes OUT/grades.csv, OUT/summary.md (what the class got wrong) and, per learner,
@@ -763,7 +765,7 @@ def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay
     class_rules = class_rules.with_katas(k.slug for k in katas)
     try:
         run = Grading(submissions, out, katas, jobs=jobs, force=force, rules=class_rules, device=device,
-                      show_hidden_diagnoses=show_hidden_diagnoses, sandbox=sandbox, only=only)
+                      sandbox=sandbox, only=only)
     except OverridesError as exc:
         raise EnvironmentProblem(str(exc)) from None
     for name, why in run.refused_folders.items():

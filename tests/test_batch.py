@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -19,6 +20,8 @@ import pytest
 from graders.engine.manifest import ROOT, find, katas
 
 from conftest import needs_bwrap
+
+ZOO = Path(__file__).with_name("zoo")
 
 # One class run, read by most tests: one worker runs them all.
 pytestmark = [needs_bwrap, pytest.mark.xdist_group("batch")]
@@ -290,6 +293,34 @@ def test_an_override_names_its_learner_in_either_unicode_form(tmp_path):
     (subs / composed / "softmax.py").write_text(OVERFLOW)
     refused = kata_grade(subs, out, "--katas", "softmax")
     assert refused.returncode == 2 and "names two learner folders" in refused.stderr, refused.stderr
+
+
+def test_showing_hidden_diagnoses_is_a_rule_of_the_class_every_command_keeps(tmp_path):
+    """--show-hidden-diagnoses is kept in the class file, as the other policy flags are: a later
+    run without it still names a failed hidden check's diagnosis, --hide-hidden-diagnoses undoes it,
+    and `kata gradescope` and `kata nbgrader autograde` take it too."""
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    (subs / "ann").mkdir(parents=True)
+    shutil.copy(ZOO / "sliding-window" / "mistral__window-off-by-one.py", subs / "ann" / "sliding_window.py")
+    said = "Hidden check failed.\nDiagnosis: window-off-by-one"
+
+    def feedback(*flags):
+        run = subprocess.run([str(KATA), "grade", str(subs), "--out", str(out), "--katas", "sliding-window", *flags],
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr
+        return (out / "ann" / "feedback.md").read_text()
+
+    assert said in feedback("--show-hidden-diagnoses")
+    assert said in feedback()   # a later run keeps the class's rule
+    assert "Hidden check failed." in (shown := feedback("--hide-hidden-diagnoses")) and said not in shown
+    zip_path = tmp_path / "autograder.zip"
+    built = subprocess.run([str(KATA), "gradescope", "--out", str(zip_path), "--katas", "softmax",
+                            "--show-hidden-diagnoses"], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    with zipfile.ZipFile(zip_path) as zf:
+        assert json.loads(zf.read("class.json"))["policy"]["show_hidden_diagnoses"] is True
+    helped = subprocess.run([str(KATA), "nbgrader", "autograde", "--help"], capture_output=True, text=True)
+    assert "--show-hidden-diagnoses / --hide-hidden-diagnoses" in helped.stdout
 
 
 def test_copied_files_are_reported_and_independent_ones_are_not(tmp_path):

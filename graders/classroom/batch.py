@@ -345,7 +345,7 @@ def _grade_in_process(slug: str, file: str, seeds: tuple[int, int], device: str,
 
 class Grading:
     def __init__(self, submissions: Path, out: Path, katas: list[Kata], *, jobs: int, force: bool,
-                 rules: ClassRules, device: str, show_hidden_diagnoses: bool, sandbox: str = "bwrap",
+                 rules: ClassRules, device: str, sandbox: str = "bwrap",
                  refused: dict | None = None, refused_folders: dict | None = None, only: list[str] | None = None):
         """``rules``: the class's secret and policy (``rules.load_or_create``). ``sandbox``: grade
         under bwrap ("bwrap"), as an unprivileged user of a grading container ("container": kata
@@ -357,7 +357,7 @@ class Grading:
         self.submissions, self.out, self.katas = Path(submissions), Path(out), katas
         self.jobs, self.force, self.device = max(1, jobs), force, device
         self.rules = rules
-        self.show_hidden_diagnoses, self.sandbox = show_hidden_diagnoses, sandbox
+        self.sandbox = sandbox
         self.learners, found = learner_folders(self.submissions)
         self.refused_folders = {**(refused_folders or {}), **found}
         self.refused = refused or {}
@@ -542,12 +542,12 @@ class Grading:
         atomic_write(self.out / "similarity.md", similarity_md(katas, self.sources(results)))
         plots.save(summary_figure(katas, results), self.out / "summary.png")
         for name, by_kata in results.items():
-            graded = gradescope_results(katas, by_kata, self.show_hidden_diagnoses, self.rules.policy)
+            graded = gradescope_results(katas, by_kata, self.rules.policy)
             if unsandboxed:
                 graded["output"] = f"{NO_SANDBOX}\n{graded['output']}"
             atomic_write(self.out / name / "results.json", json.dumps(graded, indent=1))
             atomic_write(self.out / name / "feedback.md",
-                         feedback_md(name, katas, by_kata, self.show_hidden_diagnoses, self.rules.policy))
+                         feedback_md(name, katas, by_kata, self.rules.policy))
         atomic_write(self.out / "summary.md", summary_md(katas, results, self.refused_folders,
                                                          warning=NO_SANDBOX if unsandboxed else
                                                          CONTAINER if "container" in modes else None,
@@ -614,7 +614,7 @@ def checks_csv(katas: list[Kata], results: dict) -> str:
     return _csv(rows)
 
 
-def _check_text(check: dict, kata: Kata, show_hidden_diagnoses: bool, policy: Policy) -> str:
+def _check_text(check: dict, kata: Kata, policy: Policy) -> str:
     """What a learner may read about one check."""
     if check["status"] == "passed":
         return ""
@@ -625,7 +625,7 @@ def _check_text(check: dict, kata: Kata, show_hidden_diagnoses: bool, policy: Po
     if _hidden(check):
         if check["status"] == "skipped":
             return "Skipped."
-        return "\n".join([HIDDEN_OUTPUT, *(said if show_hidden_diagnoses else [])])
+        return "\n".join([HIDDEN_OUTPUT, *(said if policy.show_hidden_diagnoses else [])])
     lines = [check["message"], *said]
     if check.get("output"):
         lines.append("Your code printed:\n" + check["output"])
@@ -646,8 +646,7 @@ BANNED_NOTE = ("Uses a banned API, or hides what it calls from the check of them
                "scores 0.")
 
 
-def gradescope_results(katas: list[Kata], by_kata: dict, show_hidden_diagnoses: bool,
-                       policy: Policy = SELF_STUDY) -> dict:
+def gradescope_results(katas: list[Kata], by_kata: dict, policy: Policy = SELF_STUDY) -> dict:
     """One learner's grades in Gradescope's results.json format: a test per check."""
     tests, lines = [], []
     for kata in katas:
@@ -664,7 +663,7 @@ def gradescope_results(katas: list[Kata], by_kata: dict, show_hidden_diagnoses: 
                 continue   # a CUDA-only check on a CPU grader: worth nothing here
             # A file that could not be loaded failed every check for one reason: said once.
             output = (NOT_LOADED if result["status"] == "error" and i > 1
-                      else _check_text(check, kata, show_hidden_diagnoses, policy))
+                      else _check_text(check, kata, policy))
             later = policy.hide_hidden and _hidden(check)
             tests.append({"name": f"{kata.slug}: {titles[check['id']]}", "number": f"{kata.order}.{i}",
                           "score": check["score"], "max_score": check["max_score"],
@@ -682,8 +681,7 @@ def _override_text(result: dict) -> str:
             f"(graded {_num(o['graded'])}): {o['reason']}")
 
 
-def feedback_md(name: str, katas: list[Kata], by_kata: dict, show_hidden_diagnoses: bool,
-                policy: Policy = SELF_STUDY) -> str:
+def feedback_md(name: str, katas: list[Kata], by_kata: dict, policy: Policy = SELF_STUDY) -> str:
     total = sum(r["score"] for r in by_kata.values())
     most = sum(r["max_score"] for r in by_kata.values())
     lines = [f"# Feedback for {name}", "", f"Total: **{_num(total)}/{_num(most)}** points.", ""]
@@ -722,7 +720,7 @@ def feedback_md(name: str, katas: list[Kata], by_kata: dict, show_hidden_diagnos
             else:
                 title = f"`{check['id']}`: {check['name']}"
             lines += [f"### ✗ {title} ({_num(check['score'])}/{_num(check['max_score'])})", "", "```",
-                      _check_text(check, kata, show_hidden_diagnoses, policy).replace("```", "'''"), "```", ""]
+                      _check_text(check, kata, policy).replace("```", "'''"), "```", ""]
     return "\n".join(lines)
 
 
@@ -807,7 +805,9 @@ def policy_text(policy: Policy) -> str:
     said = [what for on, what in ((policy.banned_fails, "a banned API scores the kata 0"),
                                   (policy.withhold_fixes, "feedback withholds the fixes"),
                                   (policy.hide_hidden, ("hidden checks are unnamed to learners (Gradescope: "
-                                                        "shown after the due date)"))) if on]
+                                                        "shown after the due date)")),
+                                  (policy.show_hidden_diagnoses, "a failed hidden check names its diagnosis"))
+            if on]
     text = "; ".join(said)
     return f"{text[0].upper()}{text[1:]}." if said else "Self-study rules (no `kata grade` policy flag set)."
 

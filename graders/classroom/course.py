@@ -194,7 +194,7 @@ def autograded_notebook(kata: Kata, source: str | None, result: dict | None, pol
             check = checks.get(grade_id.removeprefix(f"{kata.slug}-"))
             if check is not None and result["status"] != "error":
                 points = f"{_num(check['score'])}/{_num(check['max_score'])}"
-                nb_cell["outputs"] = _stream(f"{check['status']} ({points})\n{_check_text(check, kata, False, policy)}")
+                nb_cell["outputs"] = _stream(f"{check['status']} ({points})\n{_check_text(check, kata, policy)}")
     return notebook
 
 
@@ -231,7 +231,7 @@ def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sa
                     sources[student, kata.slug] = source
                     (subs / student / kata.learner_file).write_text(source, encoding="utf-8")
         run = Grading(subs, out, katas, jobs=jobs, force=False, rules=rules.load_or_create(out, **(policy or {})),
-                      device="cpu", show_hidden_diagnoses=False, sandbox=sandbox, refused=refused,
+                      device="cpu", sandbox=sandbox, refused=refused,
                       refused_folders=refused_folders)
         run.run(run.todo(), progress)
         run.write_class_files()

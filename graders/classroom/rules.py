@@ -40,6 +40,7 @@ class Policy:
     banned_fails: bool = False       # a kata that uses a banned API scores 0
     withhold_fixes: bool = False     # feedback names the bug, never the code that fixes it
     hide_hidden: bool = False        # hidden checks: "hidden check i of n", after the due date
+    show_hidden_diagnoses: bool = False   # a failed hidden check names its diagnosis (never its inputs)
 
     def apply(self, result: dict) -> dict:
         """The result as this policy grades it: under ``banned_fails`` a kata that used a banned API
