@@ -85,7 +85,7 @@ class InProcessSandbox:
     def rank_group(self, world: int):
         raise SandboxError("in process", RANKS_NOT_RUN)
 
-    def memory(self) -> dict:
+    def memory(self, held: bool = False) -> dict:
         return {"peak": 0, "held": 0}
 
     def reset_peak(self):

@@ -23,12 +23,13 @@ import tempfile
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from ..engine.structure import TAMPERING
+
 CLASS_FILE = Path(".kata") / "class.json"
 FORMAT = 1
 RELEASE_SEEDS = 2**31      # release seeds: [0, 2**31)
 GRADING_SEEDS = 2**31      # grading seeds: [2**31, 2**32)
 BANNED = "banned-api"
-TAMPERING = "tampering"   # the static check's diagnosis (engine.structure.TAMPERING)
 
 
 class ClassFileError(Exception):

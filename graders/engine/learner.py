@@ -236,7 +236,7 @@ class Learner:
             return None
         self._load()
         try:
-            return self._sandbox.memory()["held"]
+            return self._sandbox.memory(held=True)["held"]
         except (OSError, KeyError):
             return None
 

@@ -9,6 +9,7 @@ several seeds in one pytest session, each seed in a sandbox of its own.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -38,11 +39,21 @@ REFERENCE_CPU = ROOT / "katas" / "reference-cpu.json"
 GRADING_FACTOR, GRADING_FLOOR_S = 20, 60.0
 
 
+@functools.cache
+def _reference_cpu() -> dict:
+    """REFERENCE_CPU's table, read once a process (a class run grades many pairs)."""
+    try:
+        table = json.loads(REFERENCE_CPU.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
 def grading_budget(kata: Kata) -> float:
     """The CPU seconds a grading of ``kata`` may spend in the learner's code (see above)."""
     try:
-        measured = float(json.loads(REFERENCE_CPU.read_text(encoding="utf-8")).get(kata.slug, 0.0))
-    except (OSError, ValueError, TypeError, AttributeError):
+        measured = float(_reference_cpu().get(kata.slug, 0.0))
+    except (TypeError, ValueError):
         measured = 0.0
     return max(GRADING_FLOOR_S, GRADING_FACTOR * measured)
 

@@ -541,9 +541,8 @@ class Budget:
         return max(0.0, min(self.started + self.wall_s, self.sampled + SAMPLE_S) - time.monotonic())
 
     def charge(self):
-        """Add what this request spent to its grading's total."""
-        if self.spent is not None:
-            self.spent.add(self.meter.seconds if self.meter else 0.0, time.monotonic() - self.started)
+        """Add what this request spent to its grading's total (``spent``, given with ``stats``)."""
+        self.spent.add(self.meter.seconds, time.monotonic() - self.started)
 
 
 class Spent:
@@ -767,9 +766,10 @@ class Sandbox:
             self._kill()
             raise SandboxError("protocol", f"the sandbox sent a malformed reply during {what} ({exc}).") from None
         finally:
-            if budget.meter is not None and self.proc is not None:
-                budget.meter.add(self._sample(memory=False)[1])   # what it spent since the last look
-            budget.charge()
+            if budget.spent is not None:
+                if self.proc is not None:
+                    budget.meter.add(self._sample(memory=False)[1])   # what it spent since the last look
+                budget.charge()
         header = encodable(header)   # the learner's text, which results, feedback and history write as UTF-8
         if "ok" not in header and header.get("op") != "ready":
             self._kill()
@@ -851,20 +851,22 @@ class Sandbox:
                 pass
         return (_held_bytes(tree, self.zygote.isolated) / 2**20 if memory else 0.0), ticks
 
-    def memory(self) -> dict[str, int]:
+    def memory(self, held: bool = False) -> dict[str, int]:
         """The worker's memory as the kernel counts it, in bytes (read from here, outside it): its
-        "peak" resident memory (since ``reset_peak``) and the memory it "held" now: its own pages,
-        anonymous and shared (``share_memory_()``, a shared mapping), no library's code or file's
-        cache; the files of its private tmpfs (see ``_held_bytes``) and the bytes waiting in its
-        pipes. A shared page mapped from a tmpfs file counts twice: memory is never missed."""
+        "peak" resident memory (since ``reset_peak``) and, if ``held``, the memory it "held" now:
+        its own pages, anonymous and shared (``share_memory_()``, a shared mapping), no library's
+        code or file's cache; the files of its private tmpfs (see ``_held_bytes``) and the bytes
+        waiting in its pipes (the process tree is walked for these only when asked). A shared page
+        mapped from a tmpfs file counts twice: memory is never missed."""
         fields = {"VmHWM:": "peak", "RssAnon:": "anonymous", "RssShmem:": "shared"}
         found = {}
         for line in _read_proc(f"/proc/{self.proc.pid}/status", 1 << 13).splitlines():
             name, *value = line.decode().split()
             if name in fields:
                 found[fields[name]] = int(value[0]) << 10   # kB
-        tree = self.proc.tree()
-        found["held"] = found.pop("anonymous") + found.pop("shared") + _outside_processes(tree, self.zygote.isolated)
+        own = found.pop("anonymous") + found.pop("shared")
+        if held:
+            found["held"] = own + _outside_processes(self.proc.tree(), self.zygote.isolated)
         return found
 
     def reset_peak(self):
