@@ -651,9 +651,13 @@ def nbgrader_init(course, assignment, kata_names):
               help="Only these katas (comma-separated or repeated); by default every kata the assignment holds.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)),
               show_default="the number of CPUs", help="Notebooks graded at the same time.")
+@click.option("--force", is_flag=True, help="Grade every notebook again, even those graded already.")
+@click.option("--replay", is_flag=True,
+              help="Grade every notebook again at its recorded seeds, saving nothing, and say whether each "
+                   "grade is the recorded one (exit 1 if one is not); the gradebook is left alone.")
 @_policy_options
 @_no_sandbox_option
-def nbgrader_autograde(course, assignment, kata_names, jobs, no_sandbox, **policy):
+def nbgrader_autograde(course, assignment, kata_names, jobs, force, replay, no_sandbox, **policy):
     """Grade COURSE/submitted/<student>/ASSIGNMENT/*.ipynb with the kit, in place of nbgrader autograde.
 
     The learners' solution cells are graded in the kit's sandbox (never in a kernel next to the
@@ -663,7 +667,7 @@ def nbgrader_autograde(course, assignment, kata_names, jobs, no_sandbox, **polic
     and the formgrader go on from there. The kit's records, feedback.md and results.json per
     student are in COURSE/kata/ASSIGNMENT/.
     """
-    from graders.classroom.course import autograde
+    from graders.classroom import course as courses
 
     _full_kit("nbgrader autograde")
     if importlib.util.find_spec("nbgrader") is None:
@@ -673,9 +677,15 @@ def nbgrader_autograde(course, assignment, kata_names, jobs, no_sandbox, **polic
     katas = [k for k in _kata_list(kata_names) if (source / f"{k.module}.ipynb").is_file()]
     if not katas:
         raise click.UsageError(f"{source} holds no kata notebook: `kata nbgrader init` writes them.")
+    if replay and (force or any(v not in (None, False) for v in policy.values())):
+        raise click.UsageError("--replay grades by the course's recorded rules: give it neither --force nor a "
+                               "policy flag.")
     sandbox = _grading_sandbox(no_sandbox)
     try:
-        results = autograde(course, assignment, katas, jobs=jobs, sandbox=sandbox, policy=_policy(**policy))
+        if replay:
+            _said_replay(courses.replay(course, assignment, katas, jobs=jobs, sandbox=sandbox))
+        results = courses.autograde(course, assignment, katas, jobs=jobs, sandbox=sandbox, policy=_policy(**policy),
+                                    force=force)
     except (LookupError, rules.ClassFileError) as exc:
         raise EnvironmentProblem(str(exc)) from None
     for student, by_kata in results.items():
@@ -717,11 +727,17 @@ def _kata_list(values: tuple[str, ...]) -> list[Kata]:
                    "pair whether the grade is the same (exit 1 if one differs): how a re-grade request is checked.")
 @click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
               help="Where the graders run: every learner of a class on the same kind of device.")
+@click.option("--due", metavar="DATETIME",
+              help="The due date, ISO 8601 with its time zone (2026-12-01T23:59+01:00), kept in OUT's class file: "
+                   "grades.csv then says when each learner's work came and the late penalty.")
+@click.option("--late-penalty", metavar="POLICY",
+              help="none (lateness only said; the default), zero (late work scores 0) or N%/day (N percent of the "
+                   "total per day or part of a day late); kept in OUT's class file.")
 @_policy_options
 @_no_sandbox_option
 @_container_option
-def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay, device, no_sandbox, container,
-                **policy):
+def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay, device, due, late_penalty,
+                no_sandbox, container, **policy):
     """Grade a class: SUBMISSIONS/<learner>/<kata file> for every learner and kata.
 
     Writes OUT/grades.csv, OUT/summary.md (what the class got wrong) and, per learner,
@@ -744,6 +760,10 @@ def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay
     The other files are written as the umask says, so a course's group can read them; class.json
     is mode 0600. OUT/overrides.csv (learner,kata,score,reason), written by you, sets scores after
     grading, on every run.
+
+    Under --due, a learner's work came when OUT/submitted.csv (learner,submitted: your course's
+    record) says, else when the timestamp.txt of nbgrader's submit in their folder says, else at
+    the newest time of their files; grades.csv names which.
     """
     _full_kit("grade")
     from graders.classroom.batch import Grading, OverridesError
@@ -759,6 +779,10 @@ def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay
         raise EnvironmentProblem(str(exc)) from None
     if replay and class_rules is None:
         raise click.UsageError(f"{out} holds no graded class to replay (no {rules.CLASS_FILE}).")
+    try:
+        class_rules = class_rules.with_deadline(due, late_penalty)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--due / --late-penalty") from None
     # The class's katas: those given, else those the class file keeps from the last run that gave them.
     known = {kata.slug for kata in _all_katas()}
     katas = _kata_list(kata_names or tuple(slug for slug in class_rules.katas if slug in known))
@@ -842,8 +866,12 @@ def _progress_text(elapsed: float, graded: int, left: int) -> str | None:
 def _replay(run):
     """Grade ``run``'s pairs again at their recorded seeds and say, pair by pair, whether the
     grade is what OUT recorded; exit 1 if one is not."""
+    _said_replay(run.replay())
+
+
+def _said_replay(replayed):
     differ = 0
-    for pair, now, verdict in run.replay():
+    for pair, now, verdict in replayed:
         differ += verdict is not True
         line = f"{pair.label}: {now['score']:g}/{now['max_score']:g} ({now['status']}): "
         click.echo(line + ("the same grade as recorded." if verdict is True else verdict))
@@ -961,7 +989,10 @@ def _lint_mutants(katas, seeds: list[int], sample: int | None):
               show_default=True,
               help="The one seed at which the bundle records expected values (its `kata check` uses it). "
                    f"Release seeds lie below {rules.RELEASE_SEEDS}, class grading seeds above: never an answer key.")
-def release_(out, kata_names, seed):
+@click.option("--withhold-fixes", is_flag=True,
+              help="For graded work: the bundle names each diagnosed bug and what it means, never its fix "
+                   "(its manifests hold none).")
+def release_(out, kata_names, seed, withhold_fixes):
     """Build a student bundle: the kit without reference/, bug oracles or hidden checks.
 
     OUT is an installable project (`pip install OUT`). Its `kata check` runs the public checks
@@ -971,7 +1002,8 @@ def release_(out, kata_names, seed):
     katas = _kata_list(kata_names)
     click.echo(f"Recording {len(katas)} kata(s) at seed {seed} into {out} ...")
     try:
-        release.build(out, katas, seed=seed, progress=lambda text: click.echo(f"  {text}"))
+        release.build(out, katas, seed=seed, withhold_fixes=withhold_fixes,
+                      progress=lambda text: click.echo(f"  {text}"))
     except (release.ReleaseError, RunnerError) as exc:
         raise EnvironmentProblem(str(exc)) from None
     click.echo(f"Wrote the student bundle {out}: `pip install {out}`, then `kata start {katas[0].slug}`.")

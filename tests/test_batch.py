@@ -165,13 +165,21 @@ def test_summary_png_pictures_the_scores_of_each_kata_and_the_diagnoses(graded):
 
     _, out, _ = graded
     assert imread(out / "summary.png").shape[2] in (3, 4)   # a PNG matplotlib reads back
-    results = {"ann": {"softmax": {"score": 10.0, "max_score": 10.0, "diagnoses": []}},
-               "ben": {"softmax": {"score": 4.0, "max_score": 10.0, "diagnoses": ["softmax-overflow"]},
-                       "causal-mask": {"score": 0.0, "max_score": 12.0, "diagnoses": []}}}
+    def result(status, score, most, *diagnoses):
+        return {"status": status, "score": score, "max_score": most, "diagnoses": list(diagnoses)}
+
+    results = {"ann": {"softmax": result("passed", 10.0, 10.0), "causal-mask": result("missing", 0.0, 12.0)},
+               "ben": {"softmax": result("failed", 4.0, 10.0, "softmax-overflow"),
+                       "causal-mask": result("failed", 0.0, 12.0)},
+               "cy": {"softmax": result("not-started", 0.0, 10.0), "causal-mask": result("empty", 0.0, 12.0)}}
     scores, common = summary_figure([find("softmax"), find("causal-mask")], results).axes
-    assert [t.get_text() for t in scores.get_xticklabels()] == ["softmax", "causal-mask"]
-    dots = {tuple(line.get_ydata()) for line in scores.get_lines() if line.get_marker() == "o"}
-    assert {(1.0, 0.4), (0.0,)} <= dots   # each learner's share of the full score, per kata
+    # A missing or empty file is counted under its kata, never drawn as a 0.
+    assert [t.get_text() for t in scores.get_xticklabels()] == ["softmax", "causal-mask\n1 empty\n1 missing"]
+    marks = {(line.get_label(), tuple(line.get_xdata().round().astype(int)), tuple(line.get_ydata()))
+             for line in scores.get_lines() if line.get_label() in ("graded", "graded 0", "not started")}
+    # each learner's share of the full score, per kata: graded, graded 0 and not started told apart
+    assert marks == {("graded", (1, 1), (1.0, 0.4)), ("not started", (1,), (0.0,)), ("graded 0", (2,), (0.0,))}
+    assert [t.get_text() for t in scores.get_legend().get_texts()] == ["graded", "not started", "graded 0"]
     assert [t.get_text() for t in common.get_yticklabels()] == ["softmax-overflow (softmax)"]
 
 
@@ -236,7 +244,7 @@ def test_checks_that_need_cuda_count_in_no_maximum_when_a_class_is_graded_on_a_c
     rows = grades(out)
     assert (rows["ada"]["sdpa-swap"], rows["ada"]["max"]) == ("10", "10")
     assert (rows["bob"]["sdpa-swap"], rows["bob"]["max"]) == ("0", "10")
-    assert "| sdpa-swap | 1 | 50% | 5.00/10 |" in (out / "summary.md").read_text()
+    assert "| sdpa-swap | 1 | 50% | 10.00/10 |" in (out / "summary.md").read_text()   # bob handed nothing in
 
 
 def test_overrides_apply_after_grading_survive_regrades_and_are_marked(tmp_path):
@@ -377,7 +385,7 @@ def test_files_are_found_as_learners_hand_them_in_and_feedback_says_which(tmp_pa
         "caps": {"Softmax.py": ref_softmax, "Causal_Mask.py": ref_mask},
         "dash": {"softmax (1).py": ref_softmax, "causal-mask.py": ref_mask},
         "zipped": {"hw3/softmax.py": ref_softmax, "hw3/causal_mask.py": ref_mask},
-        "both": {"softmax.ipynb": handed_in_notebook(softmax), "Softmax.py": ref_softmax,
+        "both": {"Softmax.ipynb": handed_in_notebook(softmax), "Softmax.py": ref_softmax,
                  "causal_mask.py": ref_mask, "causal-mask (1).py": OVERFLOW},   # the expected name wins
     }
     subs, out = tmp_path / "subs", tmp_path / "out"
@@ -392,16 +400,18 @@ def test_files_are_found_as_learners_hand_them_in_and_feedback_says_which(tmp_pa
     assert {name: float(rows[name]["total"]) for name in handed} == {
         "nb": full, "caps": full, "dash": full, "zipped": full, "both": mask.max_score}
     said = {name: (out / name / "feedback.md").read_text() for name in handed}
-    assert "No softmax.py was submitted, so `softmax.ipynb`, the one file named like it, was graded." in said["nb"]
+    # The kata's own notebook is expected: the feedback names the cells graded.
+    assert "Graded: cell 2 of softmax.ipynb, your code cells in order (the test and check cells left out)." in said["nb"]
+    assert "named like it" not in said["nb"]
     assert "so `Causal_Mask.py`, the one file named like it, was graded." in said["caps"]
     assert "so `softmax (1).py`, the one file named like it, was graded." in said["dash"]
     assert "so `hw3/softmax.py`, the one file named like it, was graded." in said["zipped"]
-    assert ("`Softmax.py` and `softmax.ipynb` could each be your softmax.py, so none was graded: submit one "
+    assert ("`Softmax.ipynb` and `Softmax.py` could each be your softmax.py, so none was graded: submit one "
             "of them, named softmax.py.") in said["both"]
     assert "named like it" not in said["both"].split("## causal-mask")[1]
     # The instructor's log lists every file graded under another name, and each refusal.
     assert "zipped/softmax: No softmax.py was submitted, so `hw3/softmax.py`" in run.stderr
-    assert "both/softmax: `Softmax.py` and `softmax.ipynb` could each be" in run.stderr
+    assert "both/softmax: `Softmax.ipynb` and `Softmax.py` could each be" in run.stderr
     # Renamed, the same file is graded again: the feedback must name the file graded.
     (subs / "dash" / "softmax (1).py").rename(subs / "dash" / "softmax (2).py")
     again = kata_grade(subs, out)
@@ -553,6 +563,12 @@ def test_the_policy_for_graded_work(tmp_path):
     shown = [t for t in results["tests"] if "hidden check" in t["name"]]
     assert [t["name"] for t in shown] == [f"softmax: hidden check {i} of {len(hidden)}" for i in range(1, len(hidden) + 1)]
     assert all(t["visibility"] == "after_due_date" for t in shown)
+    # Nothing visible now adds the hidden tests' points up: no top-level total, a line of the shown checks'.
+    record = json.loads((out / ".kata" / "records" / "carol" / "softmax.json").read_text())["result"]
+    visible = [t for t in results["tests"] if t["visibility"] == "visible"]
+    assert "score" not in results and f"softmax: {record['score']:g}/" not in results["output"]
+    assert (f"softmax: {sum(t['score'] for t in visible):g}/{sum(t['max_score'] for t in visible):g} from the "
+            f"checks shown now, {len(hidden)} hidden check(s) shown after the due date (failed)") in results["output"]
     for check in hidden:   # neither the id nor the name of a hidden check reaches the learner
         for text in (carol, (out / "carol" / "results.json").read_text()):
             assert check["id"] not in text and check["name"] not in text

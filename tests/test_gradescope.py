@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from conftest import KATA, needs_bwrap
-from graders.engine.manifest import find
+from graders.classroom.batch import LANDLOCK
+from graders.engine.manifest import ROOT, find
+from graders.engine.worker import landlock_abi
 
 # One autograder, built and set up once: one worker runs them all.
 pytestmark = [needs_bwrap, pytest.mark.xdist_group("gradescope")]
@@ -321,6 +323,7 @@ def test_in_a_container_a_correct_submission_gets_full_marks_as_another_user(ins
     assert results["score"] == MAX_SCORE, results["output"]
     assert all(t["status"] == "passed" for t in results["tests"])
     assert "Sandbox: container" in stdout   # summary.md, shown to instructors
+    assert LANDLOCK[landlock_abi() > 0] in " ".join(stdout.split())   # what learner code could read, said
     # what the sandbox user must not read: the kit as installed, its source, the grades
     site = site_packages(installed)
     private = [site / "reference", site / "graders", site / "katas", site / "cli.py",
@@ -333,11 +336,18 @@ def test_in_a_container_a_correct_submission_gets_full_marks_as_another_user(ins
 def test_in_a_container_learner_code_reads_neither_the_kit_nor_its_source(installed):
     site = site_packages(installed)
     wheel, = (installed / "source").glob("*.whl")
+    # A clone of the kit beside the installed one, readable by all, as a checkout mounted in a
+    # grading image is: the kit cannot protect it by permissions, so learner code must not reach it.
+    clone = Path(tempfile.mkdtemp(prefix="kata-clone-"))
+    shutil.copytree(ROOT / "reference", clone / "reference")
+    for path in [clone, *clone.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
     files = [site / "reference" / "softmax.py", site / "graders" / "softmax_hidden.py", site / "cli.py",
              *site.glob("__pycache__/cli.*.pyc"), *site.glob("attention_katas-*.dist-info/RECORD"), wheel,
-             installed / "source" / "config.json"]
-    folders = [site / "reference", installed / "source"]
-    results, report, _ = attack(installed, f'''
+             installed / "source" / "config.json", clone / "reference" / "softmax.py"]
+    folders = [site / "reference", installed / "source", clone / "reference"]
+    try:
+        results, report, _ = attack(installed, f'''
 for path in {json.dumps(list(map(str, files)))}:
     attempt("read " + path, lambda path=path: open(path, "rb").read(1))
 for path in {json.dumps(list(map(str, folders)))}:
@@ -347,6 +357,8 @@ def reference():
 attempt("import reference.softmax", reference)
 raise RuntimeError("ATTACK " + json.dumps(tried))
 ''')
+    finally:
+        shutil.rmtree(clone)
     assert report["ok"] == [] and len(report["denied"]) == len(files) + len(folders) + 1, report
     assert causal_mask_score(results) == CAUSAL_MASK.max_score and results["score"] == CAUSAL_MASK.max_score
 
@@ -445,7 +457,11 @@ if grader:
     attempt("read the copy of causal_mask.py", lambda: open(subs + "/submission/causal_mask.py").read())
     attempt("write OUT's results.json", lambda: open(out + "/submission/results.json", "w").write("{{}}"))
 attempt("change the submitted causal_mask.py", lambda: open({str(installed / "submission" / "causal_mask.py")!r}, "a"))
-for name in sorted(os.listdir("/tmp")):
+try:
+    names = sorted(os.listdir("/tmp"))
+except OSError:   # under Landlock not even /tmp can be listed
+    names = []
+for name in names:
     path = "/tmp/" + name
     if name.startswith(("kata-sandbox-", "kata-zygote-")) and path != os.getcwd() and os.stat(path).st_uid != os.getuid():
         attempt("list another sandbox's folder", lambda path=path: os.listdir(path), path)
@@ -466,9 +482,10 @@ OVERFLOW = ("import numpy as np\n\ndef softmax(x, axis=-1):\n"
             "    return e / e.sum(axis=axis, keepdims=True)\n")
 
 
-def handed_in_notebooks(tmp_path: Path, solutions: dict[str, str]) -> dict[str, str]:
+def handed_in_notebooks(tmp_path: Path, solutions: dict[str, str | tuple[str, str]]) -> dict[str, str]:
     """name -> the notebook `kata notebook softmax` writes, its solution cell (after the kata's
-    marker line) holding ``solutions[name]``, saved as Jupyter saves it (source as a list of lines)."""
+    marker line) holding ``solutions[name]``, saved as Jupyter saves it (source as a list of lines).
+    A pair (above, code): ``above`` in a code cell of the learner's own above the solution cell."""
     from graders.practice.notebook import SOLUTION_TAG, marker
 
     done = subprocess.run([str(KATA), "notebook", "softmax", "--workspace", str(tmp_path / "ws")],
@@ -478,9 +495,13 @@ def handed_in_notebooks(tmp_path: Path, solutions: dict[str, str]) -> dict[str, 
     made = {}
     for name, code in solutions.items():
         nb = json.loads(json.dumps(written))
-        cell, = [c for c in nb["cells"] if SOLUTION_TAG in c["metadata"].get("tags", [])]
+        at, cell = next((i, c) for i, c in enumerate(nb["cells"]) if SOLUTION_TAG in c["metadata"].get("tags", []))
         assert cell["source"].startswith(marker(KATAS[0]) + "\n")
+        above, code = code if isinstance(code, tuple) else (None, code)
         cell["source"] = (marker(KATAS[0]) + "\n" + code).splitlines(keepends=True)
+        if above is not None:
+            nb["cells"].insert(at, {"cell_type": "code", "id": "own", "metadata": {}, "execution_count": None,
+                                    "outputs": [], "source": above.splitlines(keepends=True)})
         made[name] = json.dumps(nb, indent=1) + "\n"
     return made
 
@@ -498,7 +519,9 @@ def test_a_class_in_every_submission_form_gets_the_same_grades_from_kata_grade_a
     # shapes the checks fix, so the score does not depend on the inputs drawn.
     top_left = ref_mask.replace("return ones.tril(n_keys - n_queries)", "return ones.tril()")
     assert top_left != ref_mask
-    notebooks = handed_in_notebooks(tmp_path, {"softmax.ipynb": ref_softmax, "Softmax.ipynb": OVERFLOW})
+    # dan's import sits in a cell of its own above the solution: graded, as nbgrader runs the notebook
+    imported, rest = OVERFLOW.split("\n", 1)
+    notebooks = handed_in_notebooks(tmp_path, {"softmax.ipynb": ref_softmax, "Softmax.ipynb": (imported, rest)})
     # Per kata: full marks, the points a known bug loses, or nothing.
     FULL_S, FULL_M = softmax.max_score, mask.max_score
     OVERFLOW_S = FULL_S - softmax.checks["stable-for-large-logits"]                  # 10 - 2 = 8
@@ -510,11 +533,13 @@ def test_a_class_in_every_submission_form_gets_the_same_grades_from_kata_grade_a
             "them, named softmax.py.")
     CLASS = {   # learner: (files, softmax's score, causal-mask's score, what the feedback says)
         "ben": ({"softmax.ipynb": notebooks["softmax.ipynb"], "causal_mask.py": ref_mask}, FULL_S, FULL_M,
-                [renamed.format("softmax.py", "softmax.ipynb")]),
+                ["Graded: cell 2 of softmax.ipynb, your code cells in order (the test and check cells left out)."]),
         "cat": ({"Softmax.py": ref_softmax, "Causal_Mask.py": ref_mask}, FULL_S, FULL_M,
                 [renamed.format("softmax.py", "Softmax.py"), renamed.format("causal_mask.py", "Causal_Mask.py")]),
         "dan": ({"Softmax.ipynb": notebooks["Softmax.ipynb"], "causal-mask.py": ref_mask}, OVERFLOW_S, FULL_M,
-                [renamed.format("softmax.py", "Softmax.ipynb"), renamed.format("causal_mask.py", "causal-mask.py")]),
+                [renamed.format("softmax.py", "Softmax.ipynb"), renamed.format("causal_mask.py", "causal-mask.py"),
+                 "Graded: cells 2 and 3 of Softmax.ipynb, your code cells in order (the test and check cells "
+                 "left out)."]),
         "eli": ({"softmax (1).py": ref_softmax, "causal-mask (1).py": top_left}, FULL_S, TOP_LEFT_M,
                 [renamed.format("softmax.py", "softmax (1).py"),
                  renamed.format("causal_mask.py", "causal-mask (1).py")]),

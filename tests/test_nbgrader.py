@@ -5,6 +5,7 @@ import csv
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -46,6 +47,24 @@ CLASS = {   # student -> {kata: solution cell code (None: the released stub unto
     "erin": {"softmax": PATCHED},
     "frank": {"mha": reference("mha")},
 }
+# A student as students write notebooks: the import and a helper in a cell of their own above the
+# solution cell, pasted over (the kit's first comment line gone), a scratch cell below.
+HELPER = ("import numpy as np\n\n\ndef shifted_exp(x, axis):\n"
+          "    return np.exp(x - x.max(axis=axis, keepdims=True))\n")
+USES_HELPER = "def softmax(x, axis=-1):\n    e = shifted_exp(x, axis)\n    return e / e.sum(axis=axis, keepdims=True)\n"
+
+
+def in_own_cells(nb: dict) -> dict:
+    """``nb`` (softmax's released notebook) as ivan hands it in."""
+    at, solution = next((i, c) for i, c in enumerate(nb["cells"]) if c["metadata"].get("nbgrader", {}).get("solution"))
+    solution["source"] = USES_HELPER
+    helper = {"cell_type": "code", "id": "ivan-helper", "metadata": {}, "source": HELPER, "outputs": [],
+              "execution_count": None}
+    nb["cells"][at:at] = [helper]
+    nb["cells"].append({**helper, "id": "ivan-scratch", "source": "softmax(np.ones(3))\n"})
+    return nb
+
+
 # Notebooks that are no notebook: refused one by one, with the reason; the class is graded.
 MALFORMED = {"grace": '{"cells": [{"cell_type": "code", "metadata": "tags", "source": 1}]}',
              "heidi": '{"cells": ' + "[" * 50_000 + "]" * 50_000 + "}"}
@@ -70,6 +89,10 @@ def course(tmp_path_factory):
         folder = course / "submitted" / student / "ps1"
         folder.mkdir(parents=True)
         (folder / "softmax.ipynb").write_text(text)
+    ivan = course / "submitted" / "ivan" / "ps1"
+    ivan.mkdir(parents=True)
+    (ivan / "softmax.ipynb").write_text(json.dumps(in_own_cells(
+        json.loads((course / "release" / "ps1" / "softmax.ipynb").read_text()))))
     (course / "submitted" / "grace" / "ps1" / "mha.ipynb").write_text(
         (course / "submitted" / "alice" / "ps1" / "mha.ipynb").read_text())
     graded = run(KATA, "nbgrader", "autograde", course, "ps1", cwd=course)
@@ -86,7 +109,7 @@ def test_nbgrader_export_gives_the_kits_scores(course):
     course, _ = course
     rows = exported(course)
     most = sum(find(slug).max_score for slug in KATAS)
-    assert {s: float(r["max_score"]) for s, r in rows.items()} == {s: most for s in [*CLASS, *MALFORMED]}
+    assert {s: float(r["max_score"]) for s, r in rows.items()} == {s: most for s in [*CLASS, *MALFORMED, "ivan"]}
     score = {s: float(r["raw_score"]) for s, r in rows.items()}
     assert score["alice"] == most
     assert score["bob"] == score["dave"] == 0
@@ -94,6 +117,35 @@ def test_nbgrader_export_gives_the_kits_scores(course):
     assert score["erin"] <= score["carol"]                      # patching numpy earns nothing
     assert score["frank"] == find("mha").max_score             # two notebooks missing
     assert score["grace"] == find("mha").max_score and score["heidi"] == 0   # malformed: refused alone
+    assert score["ivan"] == find("softmax").max_score   # a helper in a cell of its own counts
+
+
+def test_a_notebook_is_graded_as_nbgrader_runs_it_and_the_feedback_names_the_cells(course):
+    course, _ = course
+    feedback = " ".join((course / "kata" / "ps1" / "ivan" / "feedback.md").read_text().split())
+    # cells: task, helper, solution, a test cell per check, scratch
+    cells = 3 + len(find("softmax").checks) + 1
+    assert (f"Graded: cells 2, 3 and {cells} of softmax.ipynb, your code cells in order (the test and check "
+            "cells left out).") in feedback, feedback
+    graded = json.loads((course / "autograded" / "ivan" / "ps1" / "softmax.ipynb").read_text())
+    code = "".join(next(c for c in graded["cells"] if c["metadata"].get("nbgrader", {}).get("solution"))["source"])
+    assert code.index("def shifted_exp") < code.index("def softmax") < code.index("softmax(np.ones(3))")
+
+
+def test_the_test_cells_self_check_a_pasted_over_solution_cell(course, tmp_path):
+    """The released test cells, run by a kernel as the student runs them (or `nbgrader validate`):
+    they find the solution by nbgrader's metadata, not by the kit's first comment line."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    course, _ = course
+    path = tmp_path / "softmax.ipynb"
+    path.write_text((course / "submitted" / "ivan" / "ps1" / "softmax.ipynb").read_text())
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    tests = [c for c in nb.cells if "check_cell(" in c.source]   # the hidden ones' code is not released
+    shown = [re.sub(r"\x1b\[[0-9;]*m", "", "".join(o.get("text", "") for o in c.outputs)) for c in tests]
+    assert tests and all(text.lstrip().startswith("✓") for text in shown), shown
 
 
 def test_a_malformed_notebook_is_refused_with_its_reason(course):
@@ -288,3 +340,19 @@ def test_a_manual_score_from_the_formgrader_survives_autograde_again(round_trip)
         assert (grade.auto_score, grade.manual_score, grade.score) == (0, grade.max_score, grade.max_score)
         assert grade.needs_manual_grade
     assert float(exported(round_trip)["bob"]["raw_score"]) == raw
+    # The course's own class files count it as nbgrader does, and say whose score it is.
+    kit = round_trip / "kata" / "ps1"
+    with open(kit / "grades.csv", newline="") as f:
+        assert float(next(r for r in csv.DictReader(f) if r["learner"] == "bob")["total"]) == raw
+    assert "a grader's score in nbgrader's formgrader, for `stable-for-large-logits`" in (kit / "bob" / "feedback.md").read_text()
+
+
+def test_autograde_replays_and_forces_as_kata_grade_does(round_trip):
+    records = sorted((round_trip / "kata" / "ps1" / ".kata" / "records").rglob("*.json"))
+    before = {p: p.stat().st_mtime_ns for p in records}
+    replayed = run(KATA, "nbgrader", "autograde", round_trip, "ps1", "--replay", cwd=round_trip)
+    lines = replayed.stdout.splitlines()
+    assert len(lines) == len(records) and all(line.endswith("the same grade as recorded.") for line in lines), lines
+    assert {p: p.stat().st_mtime_ns for p in records} == before   # a replay saves nothing
+    run(KATA, "nbgrader", "autograde", round_trip, "ps1", "--force", cwd=round_trip)
+    assert all(p.stat().st_mtime_ns > before[p] for p in records)   # every notebook graded again

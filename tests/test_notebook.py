@@ -81,3 +81,65 @@ def test_kata_notebook_never_overwrites_the_learners_notebook(softmax_notebook, 
     again = kata_cmd("notebook", "softmax")
     assert again.returncode == 2 and "left alone" in again.stderr
     assert softmax_notebook.read_text() == "my work"
+
+
+# --- the notebook graded as nbgrader runs it: the learner's code cells in order ----------------------
+
+HELPER = ("import numpy as np\n\n\ndef shifted_exp(x, axis):\n"
+          "    return np.exp(x - x.max(axis=axis, keepdims=True))\n")
+USES_HELPER = ("def softmax(x, axis=-1):\n    e = shifted_exp(x, axis)\n"
+               "    return e / e.sum(axis=axis, keepdims=True)\n")
+
+
+def with_helper_cell(path, solution: str, *, keep_marker=True) -> dict:
+    """The notebook at ``path`` with ``HELPER`` in a code cell of its own above the solution cell,
+    the solution cell holding ``solution`` (after the kata's marker line, or pasted over it), and a
+    scratch cell of the learner's after the check cell."""
+    nb = json.loads(path.read_text())
+    at, solution_cell = next((i, c) for i, c in enumerate(nb["cells"]) if SOLUTION_TAG in c["metadata"].get("tags", []))
+    marker_line = solution_cell["source"].split("\n")[0] + "\n"
+    solution_cell["source"] = (marker_line if keep_marker else "") + solution
+    helper = {"cell_type": "code", "id": "helper", "metadata": {}, "source": HELPER, "outputs": [], "execution_count": None}
+    scratch = {**helper, "id": "scratch", "source": "print(softmax(np.array([1.0, 2.0])).round(3))\n"}
+    nb["cells"][at:at] = [helper]
+    nb["cells"].append(scratch)
+    return nb
+
+
+def test_a_helper_in_the_learners_own_cell_counts_and_the_report_names_the_cells(softmax_notebook, kata_cmd):
+    nb = with_helper_cell(softmax_notebook, USES_HELPER)
+    softmax_notebook.write_text(json.dumps(nb))
+    # cells: README, helper, solution, the check's text, the check cell, scratch
+    assert [c["cell_type"] for c in nb["cells"]] == ["markdown", "code", "code", "markdown", "code", "code"]
+    done = kata_cmd("check", "softmax", "--file", "softmax.ipynb")
+    assert done.returncode == 0 and "PASSED  10/10 points" in done.stdout, done.stdout + done.stderr
+    assert ("Graded: cells 2, 3 and 6 of softmax.ipynb, your code cells in order (the test and check cells "
+            "left out).") in " ".join(done.stdout.split())
+    code = solution_source(softmax_notebook)
+    assert code.index("def shifted_exp") < code.index("def softmax") < code.index("print(softmax")
+    assert "check(" not in code
+
+
+def test_the_check_cell_grades_a_solution_pasted_over_its_first_line(softmax_notebook):
+    """A learner who pastes over the whole solution cell loses the kit's comment line: the cell is
+    still found by its tag, with the helper in its own cell."""
+    nb = with_helper_cell(softmax_notebook, USES_HELPER, keep_marker=False)
+    nb["cells"].pop()   # run_notebook reads the check cell's output: it comes last
+    softmax_notebook.write_text(json.dumps(nb))
+    shown = run_notebook(softmax_notebook)
+    assert "PASSED  10/10 points" in shown, shown
+
+
+def test_the_check_cell_says_when_the_kernel_ran_code_the_saved_file_lacks(softmax_notebook):
+    """The check grades the saved notebook, as `kata check --file`, nbgrader and Gradescope will: a
+    solution run but not saved is said, not silently graded as something else."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(softmax_notebook, as_version=4)
+    solution = next(c for c in nb.cells if SOLUTION_TAG in c.metadata.get("tags", []))
+    solution.source = find("softmax").reference_path.read_text()   # run, never saved
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(softmax_notebook.parent)}}).execute()
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "".join(o.get("text", "") for o in nb.cells[-1].outputs))
+    assert "NOT-STARTED" in shown and "not saved" in shown, shown

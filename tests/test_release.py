@@ -9,6 +9,7 @@ import re
 import site
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,12 @@ def test_bundle_readme_is_the_students(bundle):
         assert f"| `{slug}` | {find(slug).title} | `{find(slug).learner_file}` |" in readme
     # The instructor's and the author's guides (the kit's docs/) stay with the kit.
     assert "`pip install\njupyterlab`" in readme and "`jupyter lab`" in readme   # for a course's notebooks
+    # torch's CPU build first: PyPI's torch on Linux is the CUDA build, gigabytes a student does not need
+    torch = metadata.version("torch").split("+")[0]
+    assert (f"pip install torch=={torch} --index-url https://download.pytorch.org/whl/cpu\npip install .\n"
+            in readme)
+    students = (ROOT / "docs" / "teaching.md").read_text().split("**Students' install.**")[1].split("```")[1]
+    assert "whl/cpu" in students and "nbgrader" in students   # they fetch and submit through nbgrader
     for theirs in ("kata grade", "kata release", "Gradescope", "nbgrader", "reference"):
         assert theirs not in readme
 
@@ -91,6 +98,26 @@ def test_bundle_needs_its_seed_and_refuses_reference_commands(bundle, tmp_path):
     for command in (["solution", "softmax", "--force"], ["lint", "softmax"]):
         refused = bundle_kata(bundle, tmp_path, *command)
         assert refused.returncode == 2 and "does not include the reference" in refused.stderr
+
+
+def test_a_bundle_for_graded_work_withholds_every_fix(tmp_path):
+    """`kata release --withhold-fixes`: the bundle diagnoses a known bug and explains it, but no
+    fix is printed, nor held in any file a student can read."""
+    out = tmp_path / "bundle"
+    run = subprocess.run([str(KATA), "release", "--out", str(out), "--katas", "softmax", "--withhold-fixes"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    kit = [*(ROOT / "katas").glob("*/kata.toml"), ROOT / "katas" / "mistakes.toml"]
+    fixes = {f for path in kit for f in re.findall(r'^fix = "(.+)"$', path.read_text(), re.MULTILINE)}
+    text = "\n".join(p.read_text() for p in out.rglob("*") if p.is_file() and p.suffix not in (".npz", ".pyc"))
+    assert len(fixes) > 200 and [f for f in fixes if f in text] == []
+    assert "without its fix" in (out / "README.md").read_text()
+    overflow = find("softmax").diagnoses["softmax-overflow"]
+    (tmp_path / "softmax.py").write_text("import numpy as np\n\ndef softmax(x, axis=-1):\n    e = np.exp(x)\n"
+                                         "    return e / e.sum(axis=axis, keepdims=True)\n")
+    shown = bundle_kata(out, tmp_path, "check", "softmax").stdout
+    assert "softmax-overflow" in shown and overflow.explain.split(".")[0] in " ".join(shown.split())
+    assert overflow.fix not in shown and "Withheld" in shown
 
 
 @pytest.mark.parametrize("slug", BUNDLED)
@@ -159,7 +186,7 @@ def test_bundle_interviews_check_at_its_seed_and_plots(bundle, tmp_path):
 def test_a_released_notebooks_test_cells_run_with_the_bundle_alone(bundle, tmp_path, monkeypatch):
     """The students' install for an nbgrader course: the bundle and Jupyter. The notebook that
     `nbgrader generate_assignment` releases runs in a kernel that sees the bundle, not the full
-    kit: its test cells grade the solution cell from the recorded values."""
+    kit: its test cells grade the saved notebook from the recorded values."""
     import nbclient
     import nbformat
 
@@ -185,6 +212,7 @@ def test_a_released_notebooks_test_cells_run_with_the_bundle_alone(bundle, tmp_p
         nb = nbformat.from_dict(json.loads(json.dumps(released)))
         solution = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
         solution.source = solution.source.split("\n")[0] + "\n" + code
+        nbformat.write(nb, tmp_path / "softmax.ipynb")   # the test cells grade the saved notebook
         nbclient.NotebookClient(nb, kernel_name="bundle", timeout=120, allow_errors=True,
                                 resources={"metadata": {"path": str(tmp_path)}}).execute()
         tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]

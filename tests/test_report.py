@@ -104,3 +104,20 @@ def test_a_check_without_a_diagnosis_keeps_its_report_and_says_what_it_builds_on
     assert "same_cause_as" not in checks["sums-to-one"]
     assert checks["sums-to-one"]["message"] == alone["sums-to-one"]["message"] + (
         "\nalso failed: `matches-reference`, which this check builds on: fixing that first may fix this one too.")
+
+
+def test_the_readmes_example_result_is_what_kata_check_prints(kata_cmd):
+    """README.md's "A result looks like this" is a real run: the same file at the same seed prints
+    every line of it (a line the README shortens with "..." is compared up to there), timing aside."""
+    readme = (ROOT / "README.md").read_text()
+    example = readme.split("A result looks like this:\n\n```\n", 1)[1].split("```", 1)[0].splitlines()
+    (kata_cmd.workspace / "softmax.py").write_text(
+        "import numpy as np\n\n\ndef softmax(x, axis=-1):\n    e = np.exp(x)\n    return e / e.sum(axis=axis, keepdims=True)\n")
+    run = kata_cmd("check", "softmax", "--seed", "7")
+    shown = re.sub(r"\d+\.\d\d s · \S+", "TIME · FILE", run.stdout)
+    assert run.returncode == 1
+    for line in example:
+        line = re.sub(r"\d+\.\d\d s · \S+", "TIME · FILE", line)
+        if line.strip() == "...":
+            continue
+        assert line.removesuffix(" ...") in shown, line

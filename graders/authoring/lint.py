@@ -20,7 +20,7 @@ from pathlib import Path
 from ..engine.manifest import ROOT, Kata, mistakes
 from ..engine.oracles import Bugs
 from ..engine.questions import evaluate
-from ..engine.structure import TAMPERING, tampering
+from ..engine.structure import IMPORT_NOT_ALLOWED, TAMPERING, tampering
 from ..practice.plots import PLOTS
 from .leaks import leaks
 
@@ -292,8 +292,9 @@ def check_plots(kata: Kata) -> tuple[bool, str]:
 def check_diagnoses(kata: Kata) -> tuple[bool, str]:
     """The manifest's diagnoses are the bug oracles' codes, each explained, plus ``tampering`` where
     the structure checks find it (the source scan finds it, whatever the code computes: the
-    reference with TAMPERING_PROBE added stands for its oracle)."""
-    documented, oracles = set(kata.diagnoses) - {TAMPERING}, set(Bugs(kata).codes)
+    reference with TAMPERING_PROBE added stands for its oracle) and the engine's
+    ``import-not-allowed`` beside it."""
+    documented, oracles = set(kata.diagnoses) - {TAMPERING, IMPORT_NOT_ALLOWED}, set(Bugs(kata).codes)
     unexplained = [d.code for d in kata.diagnoses.values() if not (d.explain and d.fix)]
     ok = documented == oracles and not unexplained
     return ok, (f"{len(oracles)} diagnoses, each with a bug oracle and an explanation" if ok else

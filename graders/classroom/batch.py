@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures as futures
 import csv
+import datetime
 import hashlib
 import io
 import itertools
@@ -28,9 +29,12 @@ from pathlib import Path
 
 from ..engine.manifest import ROOT, Kata
 from ..engine.plugin import check_entry, check_names, cuda_checks, grader_files
+from ..engine.report import graded_cells
 from ..engine.untrusted import MAX_SUBMISSION_BYTES, TooLarge, read_capped, too_large
+from ..engine.worker import landlock_abi
 from ..practice import plots
 from ..practice.notebook import MAX_NOTEBOOK_BYTES, grade_notebook, solution_source
+from . import rules as rules_module
 from .rules import SELF_STUDY, ClassRules, Policy, atomic_write
 
 RECORDS = Path(".kata") / "records"
@@ -62,6 +66,11 @@ NO_SANDBOX = ("WARNING: graded with --no-sandbox: learner code ran without a san
 CONTAINER = ("Sandbox: container (--container): bubblewrap could not make namespaces in this grading container, "
              "so learner code ran as an unprivileged user of the container, who can read neither the kit nor "
              "the class's files, one user per grading process.")
+LANDLOCK = {True: " Through Landlock it read only what a bubblewrap sandbox shows (Python, its libraries, NumPy and "
+                  "torch): no copy of the kit anywhere else either.",
+            False: " WARNING: this container's kernel (or its seccomp profile) offers no Landlock, so that user could "
+                   "read any file readable by all: keep no copy of the kit (a clone of its repository) readable "
+                   "by all in it."}
 
 
 def printable(name: str) -> str:
@@ -111,12 +120,15 @@ def _entries(folder: Path) -> list[Path]:
 
 
 def find_submission(folder: Path, kata: Kata) -> Pair:
-    """``kata``'s file in a learner's ``folder``: the expected name (``kata.learner_file``), else
-    the one file spelled like it (``_spelled``), a .py or a notebook, at the top or one folder
-    down (what zipping a folder gives). Two such files are an error that names both."""
+    """``kata``'s file in a learner's ``folder``: the expected name (``kata.learner_file``, else
+    the kata's notebook, ``<module>.ipynb``), else the one file spelled like it (``_spelled``), a
+    .py or a notebook, at the top or one folder down (what zipping a folder gives). Two such files
+    are an error that names both."""
     expected = folder / kata.learner_file
-    if expected.is_file() or expected.is_symlink():
-        return Pair(folder.name, kata, expected)
+    # The kit's notebook of the kata (`kata notebook`'s, an nbgrader course's) is expected too.
+    for named in (expected, folder / f"{kata.module}.ipynb"):
+        if named.is_file() or named.is_symlink():
+            return Pair(folder.name, kata, named)
 
     top = _entries(folder)
     inner = [q for d in top if d.is_dir() and not d.is_symlink() for q in _entries(d)]
@@ -173,6 +185,17 @@ def size_limit(file: Path) -> int:
     return MAX_NOTEBOOK_BYTES if file.suffix == ".ipynb" else MAX_SUBMISSION_BYTES
 
 
+def holds_no_code(file: Path) -> bool:
+    """Whether a learner's file holds no code: nothing, or blank lines and comments only (a
+    notebook: in the cells graded). A file that cannot be read is not judged here."""
+    try:
+        text = (solution_source(file) if file.suffix == ".ipynb"
+                else read_capped(file, MAX_SUBMISSION_BYTES).decode("utf-8", "replace"))
+    except (OSError, ValueError, TooLarge):
+        return False
+    return all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines())
+
+
 def submission_fingerprint(file: Path) -> str:
     """The file's sha256; a file too large to grade is not read (it is refused unread)."""
     if not file.is_file():
@@ -190,6 +213,89 @@ def linked_out(file: Path, folder: Path) -> str | None:
     if file.resolve().is_relative_to(folder.resolve()):
         return None
     return f"{file.name} is a link to a file outside your submission, so it was not graded."
+
+
+# --- when work was handed in ----------------------------------------------------------------------
+
+SUBMITTED = "submitted.csv"   # in OUT, optional: learner,submitted (ISO 8601), as a course's LMS exports them
+TIMESTAMP = "timestamp.txt"   # what nbgrader submit writes beside a submission
+
+
+@dataclass(frozen=True)
+class Submitted:
+    when: datetime.datetime
+    source: str   # where the time was read: "submitted.csv", "timestamp.txt" or "file time"
+
+
+def _when(text: str) -> datetime.datetime | None:
+    """An ISO 8601 time (nbgrader's "2026-11-29 10:00:00.123456 UTC" too), as UTC; None for another text."""
+    text = text.strip().removesuffix(" UTC")
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return when.replace(tzinfo=when.tzinfo or datetime.timezone.utc).astimezone(datetime.timezone.utc)
+
+
+def read_submitted(path: Path, learners: list[str]) -> dict[str, datetime.datetime]:
+    """learner -> when, from OUT/submitted.csv (columns learner, submitted); raises OverridesError
+    naming the line that cannot be read."""
+    if not path.exists():
+        return {}
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise OverridesError(f"{path} cannot be read: {exc}.") from None
+    if not rows or [c.strip() for c in rows[0]] != ["learner", "submitted"]:
+        raise OverridesError(f"{path}: its first line must be learner,submitted.")
+    folders = {unicodedata.normalize("NFC", name): name for name in learners}
+    found = {}
+    for line, row in enumerate(rows[1:], 2):
+        if not any(cell.strip() for cell in row):
+            continue
+        learner, when = (row + ["", ""])[:2]
+        name, time = folders.get(unicodedata.normalize("NFC", learner.strip())), _when(when)
+        if name is None or time is None:
+            raise OverridesError(f"{path}, line {line}: " + (f"no learner folder {learner.strip()!r}" if name is None
+                                 else f"{when.strip()!r} is not an ISO 8601 time (2026-12-01T23:59+01:00)") + ".")
+        found[name] = time
+    return found
+
+
+def submitted_at(folder: Path, files: list[Path], listed: datetime.datetime | None) -> Submitted | None:
+    """When a learner handed work in: the course's own record (OUT/submitted.csv), else the
+    timestamp.txt nbgrader's submit wrote in their folder, else the newest time of their files
+    graded (a time a learner's zip can set: the instructor's to judge, as grades.csv names it)."""
+    if listed is not None:
+        return Submitted(listed, SUBMITTED)
+    stamp = folder / TIMESTAMP
+    if stamp.is_file() and not stamp.is_symlink() and stamp.stat().st_size < 1024:
+        when = _when(stamp.read_text(encoding="utf-8", errors="replace"))
+        if when is not None:
+            return Submitted(when, TIMESTAMP)
+    times = [f.lstat().st_mtime for f in files if f.is_file()]
+    return Submitted(datetime.datetime.fromtimestamp(max(times), datetime.timezone.utc), "file time") if times else None
+
+
+@dataclass(frozen=True)
+class Late:
+    """A learner's work against the class's deadline: when it came, how many days late (rounded
+    up) and the points the late policy takes from their total."""
+    deadline: rules_module.Deadline
+    submitted: Submitted | None
+    days: int
+    penalty: float
+
+    @property
+    def sentence(self) -> str:
+        if self.submitted is None:
+            return "No time of submission could be read, so no late penalty applies."
+        when = f"Submitted {self.submitted.when:%Y-%m-%d %H:%M} UTC ({self.submitted.source})"
+        if not self.days:
+            return f"{when}, by the due date ({self.deadline.due})."
+        return (f"{when}, {self.days} day(s) after the due date ({self.deadline.due}): the late policy "
+                f"({self.deadline.penalty}) takes {_num(self.penalty)} point(s).")
 
 
 # --- the instructor's overrides -------------------------------------------------------------------
@@ -286,14 +392,14 @@ def graded_on(kata: Kata, device: str) -> str:
 
 
 def unrun_result(kata: Kata, file: Path, status: str, message: str, device: str = "cpu") -> dict:
-    """A complete result in which every check failed for one reason (no file, a kit failure).
+    """A complete result in which every check failed for one reason (no file, an empty one, a kit failure).
     A check that needs CUDA is skipped off ``device`` "cuda", as in a graded run: it counts in
     neither the score nor the maximum."""
     names = {cid: name for path in grader_files(kata) for cid, name in check_names(path).items()}
     cuda_only = cuda_checks(kata) if device != "cuda" else set()
     checks = [check_entry(cid, names.get(cid) or cid, points=points,
                           **({"status": "skipped", "message": "needs a CUDA device"} if cid in cuda_only else
-                             {"status": "failed" if status == "missing" else "error", "message": message}))
+                             {"status": "failed" if status in ("missing", "empty") else "error", "message": message}))
               for cid, points in kata.checks.items()]
     return {"kata": kata.slug, "file": str(file), "status": status, "score": 0.0,
             "max_score": round(sum(c["max_score"] for c in checks), 6), "seed": None, "device": device, "duration_s": 0.0,
@@ -363,6 +469,7 @@ class Grading:
         self.refused = refused or {}
         self.kit = {k.slug: kit_fingerprint(k) for k in katas}
         self.overrides = read_overrides(self.out / OVERRIDES, katas, self.learners)
+        self.listed_times = read_submitted(self.out / SUBMITTED, self.learners)
         self.pairs = [find_submission(self.submissions / name, kata)
                       for name in self.learners if only is None or name in only for kata in katas]
 
@@ -410,7 +517,12 @@ class Grading:
             return "missing", f"No {name} was submitted."
         refused = (linked_out(pair.file, self.submissions / pair.learner)
                    or too_large(pair.file, size_limit(pair.file)))
-        return None if refused is None else ("error", refused)
+        if refused is not None:
+            return "error", refused
+        if holds_no_code(pair.file):
+            shown = printable(str(pair.file.relative_to(self.submissions / pair.learner)))
+            return "empty", f"`{shown}` is empty: it holds no code, so nothing was graded."
+        return None
 
     def run(self, pairs: list[Pair], progress=lambda pair, result: None, *, keep: bool = True):
         """Grade ``pairs``, saving each as it finishes (``keep``; a replay does not). A grading
@@ -529,6 +641,19 @@ class Grading:
                 found.setdefault(name, {})[slug] = code
         return found
 
+    def lateness(self, results: dict) -> dict[str, Late]:
+        """learner -> their work's lateness and penalty, under the class's deadline (none: {})."""
+        deadline = self.rules.deadline
+        if deadline is None:
+            return {}
+        found = {}
+        for name, by_kata in results.items():
+            files = [find_submission(self.submissions / name, kata).file for kata in self.katas]
+            when = submitted_at(self.submissions / name, files, self.listed_times.get(name))
+            total = sum(r["score"] for r in by_kata.values())
+            found[name] = Late(deadline, when, *deadline.penalty_for(when.when, total) if when else (0, 0.0))
+        return found
+
     def write_class_files(self):
         """grades.csv, checks.csv, summary.md and each learner's results.json and feedback.md, for
         this run's katas (a kata graded into OUT by an earlier run keeps its records only)."""
@@ -537,7 +662,8 @@ class Grading:
         # A result graded without bwrap (now or in an earlier run) warns in every class file.
         modes = {r.get("sandbox") for by_kata in results.values() for r in by_kata.values()}
         unsandboxed = "process" in modes
-        atomic_write(self.out / "grades.csv", grades_csv(katas, results))
+        late = self.lateness(results)
+        atomic_write(self.out / "grades.csv", grades_csv(katas, results, late))
         atomic_write(self.out / "checks.csv", checks_csv(katas, results))
         atomic_write(self.out / "similarity.md", similarity_md(katas, self.sources(results)))
         plots.save(summary_figure(katas, results), self.out / "summary.png")
@@ -545,12 +671,15 @@ class Grading:
             graded = gradescope_results(katas, by_kata, self.rules.policy)
             if unsandboxed:
                 graded["output"] = f"{NO_SANDBOX}\n{graded['output']}"
+            if name in late:
+                graded["output"] = f"{late[name].sentence}\n{graded['output']}"
             atomic_write(self.out / name / "results.json", json.dumps(graded, indent=1))
             atomic_write(self.out / name / "feedback.md",
-                         feedback_md(name, katas, by_kata, self.rules.policy))
+                         feedback_md(name, katas, by_kata, self.rules.policy, late.get(name)))
         atomic_write(self.out / "summary.md", summary_md(katas, results, self.refused_folders,
                                                          warning=NO_SANDBOX if unsandboxed else
-                                                         CONTAINER if "container" in modes else None,
+                                                         CONTAINER + LANDLOCK[landlock_abi() > 0]
+                                                         if "container" in modes else None,
                                                          policy=self.rules.policy))
 
 
@@ -589,16 +718,26 @@ def _status_cell(result: dict) -> str:
     return result["status"] + (" (overridden)" if result.get("override") else "")
 
 
-def grades_csv(katas: list[Kata], results: dict) -> str:
+def grades_csv(katas: list[Kata], results: dict, late: dict | None = None) -> str:
     """A row per learner: each kata's score, the total and the most there was, then each kata's
-    status (passed, failed, not-started, error, missing; empty where it was never graded), which
-    tells a 0 for a missing file from a 0 for a crash."""
-    rows = [["learner", *(k.slug for k in katas), "total", "max", *(f"{k.slug} status" for k in katas)]]
+    status (passed, failed, not-started, error, missing, or empty: a file with no code; a blank cell
+    where it was never graded), which tells a 0 for a missing file from a 0 for a crash. Under a
+    deadline (``late``: learner -> Late), then when the work came and from where that was read, the
+    days late, the late penalty and the total after it."""
+    late = late or {}
+    rows = [["learner", *(k.slug for k in katas), "total", "max", *(f"{k.slug} status" for k in katas),
+             *(["submitted", "submitted from", "days late", "late penalty", "total after penalty"] if late else [])]]
     for name, by_kata in sorted(results.items()):
         scores = [by_kata[k.slug]["score"] if k.slug in by_kata else 0.0 for k in katas]
         most = [by_kata[k.slug]["max_score"] if k.slug in by_kata else k.max_score for k in katas]
-        rows.append([name, *map(_num, scores), _num(round(sum(scores), 6)), _num(round(sum(most), 6)),
-                     *(_status_cell(by_kata[k.slug]) if k.slug in by_kata else "" for k in katas)])
+        total = round(sum(scores), 6)
+        row = [name, *map(_num, scores), _num(total), _num(round(sum(most), 6)),
+               *(_status_cell(by_kata[k.slug]) if k.slug in by_kata else "" for k in katas)]
+        if name in late:
+            when = late[name].submitted
+            row += [when.when.isoformat(timespec="seconds") if when else "", when.source if when else "",
+                    late[name].days, _num(late[name].penalty), _num(round(total - late[name].penalty, 6))]
+        rows.append(row)
     return _csv(rows)
 
 
@@ -653,24 +792,33 @@ def gradescope_results(katas: list[Kata], by_kata: dict, policy: Policy = SELF_S
         result = by_kata.get(kata.slug)
         if result is None:
             continue
-        lines.append(f"{kata.slug}: {_num(result['score'])}/{_num(result['max_score'])} ({result['status']})"
+        later = [c for c in result["checks"] if policy.hide_hidden and _hidden(c)]
+        # What the hidden checks earned shows when they do: the line says the score of the checks shown.
+        shown = (f"{_num(result['score'] - sum(c['score'] for c in later))}/"
+                 f"{_num(result['max_score'] - sum(c['max_score'] for c in later))} from the checks shown now, "
+                 f"{len(later)} hidden check(s) shown after the due date" if later and not result.get("override")
+                 else f"{_num(result['score'])}/{_num(result['max_score'])}")
+        lines.append(f"{kata.slug}: {shown} ({result['status']})"
                      + (f" {BANNED_NOTE}" if result.get("banned") else "")
                      + (f" {result['graded_as']}" if result.get("graded_as") else "")
+                     + (f" {graded_cells(result)}" if result.get("cells") else "")
                      + (f" {_override_text(result)}" if result.get("override") else ""))
         titles = _titles(result, policy)
         for i, check in enumerate(result["checks"], 1):
             if check["status"] == "skipped" and not _hidden(check):
                 continue   # a CUDA-only check on a CPU grader: worth nothing here
             # A file that could not be loaded failed every check for one reason: said once.
-            output = (NOT_LOADED if result["status"] == "error" and i > 1
+            output = (NOT_LOADED if result["status"] in ("error", "empty") and i > 1
                       else _check_text(check, kata, policy))
             later = policy.hide_hidden and _hidden(check)
             tests.append({"name": f"{kata.slug}: {titles[check['id']]}", "number": f"{kata.order}.{i}",
                           "score": check["score"], "max_score": check["max_score"],
                           "status": "passed" if check["status"] == "passed" else "failed",
                           "output": output, "visibility": "after_due_date" if later else "visible"})
-    return {"score": round(sum(r["score"] for r in by_kata.values()), 6),
-            "execution_time": round(sum(r.get("duration_s") or 0 for r in by_kata.values()), 3),
+    hiding = any(t["visibility"] != "visible" for t in tests) and not any(r.get("override") for r in by_kata.values())
+    # A total given at the top would show what the hidden tests earned: Gradescope adds the tests' own.
+    total = {} if hiding else {"score": round(sum(r["score"] for r in by_kata.values()), 6)}
+    return {**total, "execution_time": round(sum(r.get("duration_s") or 0 for r in by_kata.values()), 3),
             "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden",
             "tests": tests}
 
@@ -681,10 +829,12 @@ def _override_text(result: dict) -> str:
             f"(graded {_num(o['graded'])}): {o['reason']}")
 
 
-def feedback_md(name: str, katas: list[Kata], by_kata: dict, policy: Policy = SELF_STUDY) -> str:
+def feedback_md(name: str, katas: list[Kata], by_kata: dict, policy: Policy = SELF_STUDY,
+                late: Late | None = None) -> str:
     total = sum(r["score"] for r in by_kata.values())
     most = sum(r["max_score"] for r in by_kata.values())
-    lines = [f"# Feedback for {name}", "", f"Total: **{_num(total)}/{_num(most)}** points.", ""]
+    lines = [f"# Feedback for {name}", "", f"Total: **{_num(total)}/{_num(most)}** points.", "",
+             *([late.sentence, ""] if late else [])]
     for kata in katas:
         result = by_kata.get(kata.slug)
         if result is None:
@@ -693,10 +843,15 @@ def feedback_md(name: str, katas: list[Kata], by_kata: dict, policy: Policy = SE
                   f"({result['status']})", ""]
         if result.get("graded_as"):
             lines += [result["graded_as"], ""]
+        if result.get("cells"):
+            lines += [graded_cells(result), ""]
         if result.get("override"):
             lines += [f"**{_override_text(result)}**", ""]
         if result["status"] == "missing":
             lines += [f"No `{kata.learner_file}` was submitted.", ""]
+            continue
+        if result["status"] == "empty":
+            lines += [result["checks"][0]["message"], ""]
             continue
         if result["status"] == "not-started":
             lines += [f"Not started: every check still reached `NotImplementedError` in `{kata.learner_file}`.", ""]
@@ -724,25 +879,49 @@ def feedback_md(name: str, katas: list[Kata], by_kata: dict, policy: Policy = SE
     return "\n".join(lines)
 
 
+# How a pair stands in the class files: a status, but a failed pair with no point apart, and what
+# summary.png draws for each pair handed in (a missing or empty file is counted under its kata instead).
+UNGRADED = ("missing", "empty")
+MARKS = {"graded": (("passed", "failed"), "o", "tab:blue"), "graded 0": (("graded 0",), "o", "tab:red"),
+         "not started": (("not-started",), "x", "tab:gray"), "error": (("error",), "^", "tab:orange")}
+
+
+def standing(result: dict) -> str:
+    """``result``'s status, "graded 0" for a failed one that scored nothing."""
+    return "graded 0" if result["status"] == "failed" and result["score"] == 0 else result["status"]
+
+
 def summary_figure(katas: list[Kata], results: dict):
-    """summary.png: each kata's scores across the class (a share of its full score, one dot a
-    learner, the box their quartiles), and the diagnoses found most often."""
+    """summary.png: each kata's scores across the class (a share of its full score, one mark a
+    learner who handed work in: a dot graded, red at 0, a cross not started, a triangle an error;
+    the box their quartiles; a missing or empty file is counted under the kata's name, never drawn
+    as a 0), and the diagnoses found most often."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(12, 5), layout="constrained")
     FigureCanvasAgg(figure)
     scores, common = figure.subplots(1, 2, width_ratios=(3, 2))
-    shares = [[by_kata[k.slug]["score"] / (by_kata[k.slug]["max_score"] or 1.0) for by_kata in results.values()
-               if k.slug in by_kata] for k in katas]
+    handed = [[r for by_kata in results.values() if (r := by_kata.get(k.slug)) and r["status"] not in UNGRADED]
+              for k in katas]
     columns = range(1, len(katas) + 1)
-    scores.boxplot(shares, positions=list(columns), widths=0.6, showfliers=False)
-    for column, share in zip(columns, shares):
-        jitter = [column + 0.25 * ((i * 0.618) % 1 - 0.5) for i in range(len(share))]   # spread, the same every run
-        scores.plot(jitter, share, "o", color="tab:blue", alpha=0.5, markersize=4)
+    scores.boxplot([[r["score"] / (r["max_score"] or 1.0) for r in got] for got in handed], positions=list(columns),
+                   widths=0.6, showfliers=False)
+    for column, got in zip(columns, handed):
+        for label, (kinds, marker, colour) in MARKS.items():
+            at = [(column + 0.25 * ((i * 0.618) % 1 - 0.5), r["score"] / (r["max_score"] or 1.0))   # spread, the same
+                  for i, r in enumerate(got) if standing(r) in kinds]                              # every run
+            if at:
+                scores.plot(*zip(*at), marker, color=colour, alpha=0.6, markersize=5, label=label)
     scores.set(xticks=list(columns), ylim=(-0.05, 1.05), ylabel="score, as a share of the kata's full score",
                title=f"Scores of {len(results)} learner(s)")
-    scores.set_xticklabels([k.slug for k in katas], rotation=30, ha="right")
+    missing = [Counter(r["status"] for by_kata in results.values() if (r := by_kata.get(k.slug))
+                       and r["status"] in UNGRADED) for k in katas]
+    scores.set_xticklabels([k.slug + "".join(f"\n{n} {status}" for status, n in sorted(m.items()))
+                            for k, m in zip(katas, missing)], rotation=30, ha="right")
+    handles = {h.get_label(): h for h in scores.get_lines() if h.get_label() in MARKS}
+    if handles:
+        scores.legend(handles.values(), handles.keys(), loc="lower left", fontsize="small")
     found = Counter((slug, code) for by_kata in results.values() for slug, r in by_kata.items()
                     for code in r["diagnoses"]).most_common(10)
     if found:
@@ -829,22 +1008,23 @@ def summary_md(katas: list[Kata], results: dict, refused: dict | None = None, wa
     if lookalikes:   # each spelled out too (ascii), where the eye cannot tell them apart
         lines += [f"**{LOOKALIKES}**", "",
                   *(f"- {', '.join(f'`{name}` {ascii(name)}' for name in group)}" for group in lookalikes), ""]
-    lines += ["| kata | full score | pass rate | mean score | failed | not started | error | missing |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["| kata | passed (all checks) | pass rate | mean score of work handed in | failed with points | graded 0 "
+              "| not started | empty | error | missing |", "|---|---|---|---|---|---|---|---|---|---|"]
     diagnoses, checks = Counter(), Counter()
-    who = {}   # (slug, status or diagnosis) -> learners
+    who = {}   # (slug, standing or diagnosis) -> learners
     for name, by_kata in sorted(results.items()):
         for slug, r in by_kata.items():
-            for key in (r["status"], *r["diagnoses"]):
+            for key in (standing(r), *r["diagnoses"]):
                 who.setdefault((slug, key), []).append(f"`{name}`")
     for kata in katas:
         got = [by_kata[kata.slug] for by_kata in results.values() if kata.slug in by_kata]
-        status = Counter(r["status"] for r in got)
-        mean = sum(r["score"] for r in got) / len(got) if got else 0.0
+        status = Counter(standing(r) for r in got)
+        handed = [r for r in got if r["status"] not in UNGRADED]
         most = max((r["max_score"] for r in got), default=kata.max_score)   # the same for all: one device
+        mean = f"{sum(r['score'] for r in handed) / len(handed):.2f}/{_num(most)}" if handed else "-"
         rate = f"{100 * status['passed'] / len(got):.0f}%" if got else "-"
-        lines.append(f"| {kata.slug} | {status['passed']} | {rate} | {mean:.2f}/{_num(most)} | "
-                     f"{status['failed']} | {status['not-started']} | {status['error']} | {status['missing']} |")
+        counts = [status[key] for key in ("failed", "graded 0", "not-started", "empty", "error", "missing")]
+        lines.append(f"| {kata.slug} | {status['passed']} | {rate} | {mean} | {' | '.join(map(str, counts))} |")
         for r in got:
             diagnoses.update((kata.slug, code) for code in r["diagnoses"])
             if r["status"] == "failed":
@@ -860,7 +1040,7 @@ def summary_md(katas: list[Kata], results: dict, refused: dict | None = None, wa
     else:
         lines.append("No known bug was diagnosed.")
     looks = [(kata.slug, status, who[kata.slug, status]) for kata in katas
-             for status in ("error", "missing", "not-started") if (kata.slug, status) in who]
+             for status in ("error", "missing", "empty", "not-started", "graded 0") if (kata.slug, status) in who]
     if looks:
         lines += ["", "## Learners to look at", "", "| kata | status | who |", "|---|---|---|"]
         lines += [f"| {slug} | {status} | {', '.join(names)} |" for slug, status, names in looks]

@@ -11,13 +11,14 @@ no answer is released.
 
 ``autograde`` grades ``submitted/<student>/<assignment>/<kata>.ipynb`` with the kit, not with
 nbgrader's autograde: nbgrader would execute the learner's cells in the same kernel as the test
-cells, where the learner's code can patch the checks. The kit reads the solution cells, grades
-them in its sandbox (``kata grade``'s batch, resumable), and writes each check's score into the
-grade of its test cell through nbgrader's gradebook API, so ``nbgrader export`` and the
-formgrader show them.
+cells, where the learner's code can patch the checks. The kit takes the learner's code cells in
+order, as nbgrader runs them (``practice.notebook``), grades them in its sandbox (``kata grade``'s
+batch, resumable), and writes each check's score into the grade of its test cell through
+nbgrader's gradebook API, so ``nbgrader export`` and the formgrader show them.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import stat
 import tempfile
@@ -26,8 +27,9 @@ from pathlib import Path
 
 from ..engine.manifest import Kata
 from ..engine.plugin import check_names
-from ..engine.untrusted import TooLarge
-from ..practice.notebook import cell, document, marker, solution_source
+from ..engine.report import graded_cells
+from ..engine.untrusted import read_capped, too_large
+from ..practice.notebook import MAX_NOTEBOOK_BYTES, cell, document, marker, solution_source
 from . import rules
 from .batch import learner_folders, linked_out
 
@@ -111,19 +113,19 @@ def submissions(course: Path, assignment: str,
     return found, refused
 
 
-def _graded_source(notebook: Path, student: Path) -> str:
-    """The code of a submitted notebook in ``student``'s folder; raises ValueError with the
-    sentence the learner reads when it is not graded."""
+def _copy_graded(notebook: Path, student: Path, to: Path) -> str:
+    """Copy a submitted notebook in ``student``'s folder to ``to``, where it is graded, and return
+    the code graded. Raises ValueError with the sentence the learner reads when it is not graded."""
     # A link (of the notebook or its folder) could lead to source/, where the reference is.
-    linked = linked_out(notebook, student)
-    if linked is not None:
-        raise ValueError(linked)
+    refused = linked_out(notebook, student) or too_large(notebook, MAX_NOTEBOOK_BYTES)
+    if refused is not None:
+        raise ValueError(refused)
+    to.write_bytes(read_capped(notebook, MAX_NOTEBOOK_BYTES))
     try:
-        return solution_source(notebook)
-    except TooLarge:
-        raise
+        return solution_source(to)
     except ValueError as exc:   # unreadable, or no solution cell left
-        raise ValueError(f"Your notebook was not graded: {exc}") from None
+        to.unlink()
+        raise ValueError(f"Your notebook was not graded: {str(exc).replace(str(to), notebook.name)}") from None
 
 
 SUBMISSION_FILES = ("timestamp.txt", "submission_secret.txt")   # what nbgrader submit writes beside the notebooks
@@ -183,8 +185,10 @@ def autograded_notebook(kata: Kata, source: str | None, result: dict | None, pol
         said = f"No {kata.module}.ipynb was submitted."
     else:
         said = "\n".join([f"{kata.slug}: {_num(result['score'])}/{_num(result['max_score'])} ({result['status']})",
+                          *([graded_cells(result)] if result.get("cells") else []),
                           *([_override_text(result)] if result.get("override") else []),
-                          *([result["checks"][0]["message"]] if result["status"] == "error" and result["checks"] else [])])
+                          *([result["checks"][0]["message"]]
+                            if result["status"] in ("error", "empty") and result["checks"] else [])])
     for nb_cell in notebook["cells"]:
         grade_id = nb_cell["metadata"].get("nbgrader", {}).get("grade_id", "")
         if grade_id == solution_id(kata):
@@ -192,22 +196,18 @@ def autograded_notebook(kata: Kata, source: str | None, result: dict | None, pol
             nb_cell["outputs"] = _stream(said)
         elif nb_cell["metadata"].get("nbgrader", {}).get("grade"):
             check = checks.get(grade_id.removeprefix(f"{kata.slug}-"))
-            if check is not None and result["status"] != "error":
+            if check is not None and result["status"] not in ("error", "empty"):
                 points = f"{_num(check['score'])}/{_num(check['max_score'])}"
                 nb_cell["outputs"] = _stream(f"{check['status']} ({points})\n{_check_text(check, kata, policy)}")
     return notebook
 
 
-def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sandbox: str = "bwrap",
-              policy: dict | None = None, progress=lambda pair, result: None):
-    """Grade the submitted notebooks with the kit and do in nbgrader's gradebook and folders what
-    nbgrader's autograde does: scores (no cell left for manual grading), submission times and late
-    penalties as the course's config computes them, and the notebooks of autograded/.
-    ``policy``: the class's policy flags (see ``rules``), kept with the course's records."""
-    import nbformat
-    from nbgrader.api import Gradebook
-    from nbgrader.preprocessors import AssignLatePenalties
-
+@contextlib.contextmanager
+def _graded_copies(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sandbox: str,
+                   policy: dict | None, force: bool):
+    """The kit's grading of the submitted notebooks (a ``batch.Grading`` over copies of them in a
+    folder that lasts as long as this context), and the code graded, (student, slug) -> source.
+    ``policy`` None: the course's recorded rules, which must exist (a replay)."""
     from .batch import Grading
 
     found, refused_folders = submissions(course, assignment, katas)
@@ -224,35 +224,91 @@ def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sa
                 if kata.slug not in notebooks:
                     continue
                 try:
-                    source = _graded_source(notebooks[kata.slug], course / "submitted" / student)
+                    sources[student, kata.slug] = _copy_graded(notebooks[kata.slug], course / "submitted" / student,
+                                                               subs / student / f"{kata.module}.ipynb")
                 except ValueError as exc:
                     refused[student, kata.slug] = str(exc)
-                else:
-                    sources[student, kata.slug] = source
-                    (subs / student / kata.learner_file).write_text(source, encoding="utf-8")
-        run = Grading(subs, out, katas, jobs=jobs, force=False, rules=rules.load_or_create(out, **(policy or {})),
-                      device="cpu", sandbox=sandbox, refused=refused,
-                      refused_folders=refused_folders)
+        class_rules = rules.load_or_create(out, **policy) if policy is not None else rules.load(out)
+        if class_rules is None:
+            raise LookupError(f"{out} holds no graded course to replay (no {rules.CLASS_FILE}).")
+        yield Grading(subs, out, katas, jobs=jobs, force=force, rules=class_rules, device="cpu", sandbox=sandbox,
+                      refused=refused, refused_folders=refused_folders), sources
+
+
+def replay(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sandbox: str = "bwrap") -> list:
+    """Grade the submitted notebooks again at the course's seeds, saving nothing, and compare each
+    with its record (``batch.Grading.replay``)."""
+    with _graded_copies(course, assignment, katas, jobs=jobs, sandbox=sandbox, policy=None, force=False) as (run, _):
+        return run.replay()
+
+
+def _manual_scores(gb, assignment: str, katas: list[Kata], results: dict) -> dict:
+    """(student, slug) -> batch.Override, for a kata where a grader set a manual score on a test
+    cell in nbgrader's formgrader: the kata's score as nbgrader counts it (each cell's manual score,
+    else the kit's), so that the course's own grades.csv says what `nbgrader export` says."""
+    from nbgrader.api import MissingEntry
+
+    from .batch import Override
+
+    found = {}
+    for student, by_kata in results.items():
+        for kata in katas:
+            if kata.slug not in by_kata:
+                continue
+            scores = {c["id"]: c["score"] for c in by_kata[kata.slug]["checks"]}
+            manual = {}
+            for cid in kata.checks:
+                try:
+                    grade = gb.find_grade(f"{kata.slug}-{cid}", kata.module, assignment, student)
+                except MissingEntry:
+                    continue
+                if grade.manual_score is not None:
+                    manual[cid] = grade.manual_score
+            if manual:
+                score = round(sum(manual.get(cid, scores.get(cid, 0.0)) for cid in kata.checks), 6)
+                found[student, kata.slug] = Override(score, "a grader's score in nbgrader's formgrader, for "
+                                                            + ", ".join(f"`{cid}`" for cid in manual))
+    return found
+
+
+def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sandbox: str = "bwrap",
+              policy: dict | None = None, force: bool = False, progress=lambda pair, result: None):
+    """Grade the submitted notebooks with the kit and do in nbgrader's gradebook and folders what
+    nbgrader's autograde does: scores (no cell left for manual grading), submission times and late
+    penalties as the course's config computes them, and the notebooks of autograded/. The kit's
+    own class files count a grader's manual scores from the formgrader as nbgrader does (an
+    override of OUT/overrides.csv comes first). ``policy``: the class's policy flags (see
+    ``rules``), kept with the course's records; ``force``: grade again what is graded already."""
+    policy = policy or {}
+    import nbformat
+    from nbgrader.api import Gradebook
+    from nbgrader.preprocessors import AssignLatePenalties
+
+    db_url = f"sqlite:///{(course / 'gradebook.db').resolve()}"
+    with _graded_copies(course, assignment, katas, jobs=jobs, sandbox=sandbox, policy=policy,
+                        force=force) as (run, sources):
         run.run(run.todo(), progress)
+        graded = run.results()
+        submitted = {student: {name: _submission_file(course / "submitted" / student / assignment, name)
+                               for name in SUBMISSION_FILES} for student in graded}
+        with warnings.catch_warnings(), Gradebook(db_url) as gb:
+            warnings.filterwarnings("ignore", module="nbgrader")   # its SQLAlchemy models warn on first use
+            for student, by_kata in graded.items():
+                gb.update_or_create_student(student)
+                timestamp = _timestamp(submitted[student]["timestamp.txt"])
+                gb.update_or_create_submission(assignment, student, **({"timestamp": timestamp} if timestamp else {}))
+                for kata in katas:
+                    result = by_kata.get(kata.slug)
+                    scores = {c["id"]: c["score"] for c in result["checks"]} if result else {}
+                    for cid in kata.checks:
+                        grade = gb.find_grade(f"{kata.slug}-{cid}", kata.module, assignment, student)
+                        grade.auto_score = scores.get(cid, 0.0)
+                        grade.needs_manual_grade = grade.manual_score is not None   # as nbgrader's autograde
+            gb.db.commit()
+            manual = _manual_scores(gb, assignment, katas, graded)
+        run.overrides = {**manual, **run.overrides}
         run.write_class_files()
         results = run.results()
-    db_url = f"sqlite:///{(course / 'gradebook.db').resolve()}"
-    submitted = {student: {name: _submission_file(course / "submitted" / student / assignment, name)
-                           for name in SUBMISSION_FILES} for student in results}
-    with warnings.catch_warnings(), Gradebook(db_url) as gb:
-        warnings.filterwarnings("ignore", module="nbgrader")   # its SQLAlchemy models warn on first use
-        for student, by_kata in results.items():
-            gb.update_or_create_student(student)
-            timestamp = _timestamp(submitted[student]["timestamp.txt"])
-            gb.update_or_create_submission(assignment, student, **({"timestamp": timestamp} if timestamp else {}))
-            for kata in katas:
-                result = by_kata.get(kata.slug)
-                scores = {c["id"]: c["score"] for c in result["checks"]} if result else {}
-                for cid in kata.checks:
-                    grade = gb.find_grade(f"{kata.slug}-{cid}", kata.module, assignment, student)
-                    grade.auto_score = scores.get(cid, 0.0)
-                    grade.needs_manual_grade = grade.manual_score is not None   # as nbgrader's autograde
-        gb.db.commit()
     late = AssignLatePenalties(config=nbgrader_config(course))
     for student, by_kata in results.items():
         folder = course / "autograded" / student / assignment

@@ -9,8 +9,10 @@ bundle is ``graders/engine/bundle.py``.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
@@ -37,9 +39,11 @@ def hidden_checks(kata: Kata) -> dict[str, str]:
     return check_names(path) if path.exists() else {}
 
 
-def build(out: Path, katas: list[Kata], *, seed: int, progress=lambda text: None) -> None:
+def build(out: Path, katas: list[Kata], *, seed: int, withhold_fixes: bool = False,
+          progress=lambda text: None) -> None:
     """Write a bundle of ``katas`` to ``out`` (missing or empty), recorded at ``seed``: one below
-    RELEASE_SEEDS, so that it is never a class's grading seed (see ``rules``)."""
+    RELEASE_SEEDS, so that it is never a class's grading seed (see ``rules``). ``withhold_fixes``:
+    the bundle's manifests hold no diagnosis's fix (graded work)."""
     if not 0 <= seed < RELEASE_SEEDS:
         raise ReleaseError(f"a release seed lies in [0, {RELEASE_SEEDS}): grading seeds lie above it.")
     if out.exists() and any(out.iterdir()):
@@ -47,7 +51,9 @@ def build(out: Path, katas: list[Kata], *, seed: int, progress=lambda text: None
     if bundle_info() is not None:
         raise ReleaseError(NO_REFERENCE.format(command="release"))
     _copy_kit(out, katas)
-    (out / "README.md").write_text(student_readme(katas, seed), encoding="utf-8")
+    if withhold_fixes:
+        _withhold_fixes(out)
+    (out / "README.md").write_text(student_readme(katas, seed, withhold_fixes), encoding="utf-8")
     (out / "graders" / "recorded").mkdir()
     with Zygote({k.framework for k in katas}, isolated=None, warm=True) as zygote, tempfile.TemporaryDirectory(prefix="kata-release-") as tmp:
         for kata in katas:
@@ -110,23 +116,46 @@ def _copy_kit(out: Path, katas: list[Kata]):
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", kata.files["record"].name))
 
 
+WITHHELD = "Withheld: this course grades the kata, and your instructor's feedback comes with the grades."
+FIX_LINE = re.compile(r'^fix = "(?:[^"\\]|\\.)*"$', re.MULTILINE)   # how every manifest writes a fix
+
+
+def _withhold_fixes(out: Path):
+    """Replace every diagnosis's fix in the bundle's manifests and mistakes library by WITHHELD,
+    and make sure none is left: the fix is answer code, and the files are the students' to read."""
+    files = [*(out / "katas").glob("*/kata.toml"), out / "katas" / MISTAKES.name]
+    for path in files:
+        path.write_text(FIX_LINE.sub(f"fix = {json.dumps(WITHHELD)}", path.read_text(encoding="utf-8")),
+                        encoding="utf-8")
+    for path in files:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        entries = [*data.get("diagnoses", {}).values(), *(v for k, v in data.items() if isinstance(v, dict)
+                                                          and path.name == MISTAKES.name)]
+        if any(entry.get("fix", WITHHELD) != WITHHELD for entry in entries):
+            raise ReleaseError(f"{path.relative_to(out)} holds a fix written another way than `fix = \"...\"` "
+                               "on one line: it cannot be withheld, so no bundle was made.")
+
+
 def kit_packages() -> list[str]:
     """The packages under graders/ a bundle ships (the judge, and what learners and instructors do
     with it): not the kata graders, nor authoring, whose commands need the reference."""
     return sorted(p.parent.name for p in (ROOT / "graders").glob("*/__init__.py") if p.parent.name != "authoring")
 
 
-def student_readme(katas: list[Kata], seed: int) -> str:
+def student_readme(katas: list[Kata], seed: int, withhold_fixes: bool = False) -> str:
     """The bundle's README: what a student does with it (the kit's own README and docs/
     are the instructor's and the author's too)."""
     rows = "\n".join(f"| `{k.slug}` | {k.title} | `{k.learner_file}` |" for k in katas)
     first = katas[0]
     python = metadata.metadata("attention-katas")["Requires-Python"]
+    torch = metadata.version("torch").split("+")[0]
+    fixes = ("\n\nThis bundle is for graded work: a diagnosis names the known bug your output matches and what it "
+             "means, without its fix." if withhold_fixes else "")
     return f"""# Attention katas
 
 Your exercises: write each kata's code from scratch, and `kata check` tells you exactly what is
 wrong (the call, the case, what came back, what was expected, the known bug your output matches
-and how to fix it).
+and how to fix it).{fixes}
 
 | kata | task | your file |
 |---|---|---|
@@ -138,8 +167,13 @@ Python `{python}`, in this folder:
 
 ```bash
 python -m venv .venv && . .venv/bin/activate
+pip install torch=={torch} --index-url https://download.pytorch.org/whl/cpu
 pip install .
 ```
+
+The second line installs torch's CPU build, a few hundred megabytes, on which every kata runs: on
+Linux, PyPI's torch is the CUDA build, several gigabytes (on a machine with an NVIDIA GPU, leave
+that line out).
 
 Checks run your code in bubblewrap's sandbox where it is installed (`sudo apt-get install
 bubblewrap` on Debian and Ubuntu); without it, in a separate process, and `kata check` says so.
@@ -160,8 +194,8 @@ your instructor grades. Hand in the files `kata start` made, under the same name
 ## Notebooks
 
 If your instructor hands out notebooks, install Jupyter beside the katas (`pip install
-jupyterlab`) and open them with `jupyter lab`: run a kata's solution cell, then its test cells,
-which grade it as `kata check` does.
+jupyterlab`, with what your course uses to fetch and submit them) and open them with `jupyter lab`:
+save the notebook, then run its test cells, which grade your code cells as `kata check` does.
 """
 
 

@@ -9,15 +9,19 @@ re-runs (its zip carries the class file). Grading seeds lie in [2**31, 2**32), r
 
 The policy (flags of `kata grade`, kept in the same file) says how strict graded work is: a banned
 API fails the kata, ``Fix:`` lines are withheld from learners, hidden checks are shown to learners
-only as "hidden check i of n" (and after the due date on Gradescope).
+only as "hidden check i of n" (and after the due date on Gradescope). The deadline (``--due`` and
+``--late-penalty``, kept there too) says when work is late and what that costs.
 """
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import hmac
 import json
+import math
 import os
+import re
 import secrets
 import tempfile
 from dataclasses import asdict, dataclass, fields, replace
@@ -56,6 +60,42 @@ class Policy:
 
 
 SELF_STUDY = Policy()   # what a learner's own `kata check` does; a class's default
+PENALTY = re.compile(r"(none|zero|(\d+(?:\.\d+)?)%/day)")
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A class's due date (ISO 8601, with its offset) and late policy: ``none`` (lateness is only
+    said), ``zero`` (late work scores 0) or ``N%/day`` (N percent of the total for each day or part
+    of a day late, to at most the total)."""
+    due: str
+    penalty: str = "none"
+
+    @classmethod
+    def parse(cls, due: str, penalty: str) -> Deadline:
+        """Raises ValueError with the sentence to show for a date or a policy that is not one."""
+        try:
+            when = datetime.datetime.fromisoformat(due)
+        except ValueError:
+            raise ValueError(f"the due date {due!r} is not an ISO 8601 date and time "
+                             "(2026-12-01T23:59+01:00).") from None
+        if when.tzinfo is None:
+            raise ValueError(f"the due date {due!r} names no time zone: add one (2026-12-01T23:59+01:00, or Z "
+                             "for UTC), so that it means the same on every grading machine.")
+        if not PENALTY.fullmatch(penalty):
+            raise ValueError(f"the late policy {penalty!r} is none of none, zero or N%/day (10%/day).")
+        return cls(when.isoformat(), penalty)
+
+    def penalty_for(self, submitted: datetime.datetime, total: float) -> tuple[float, float]:
+        """(days late, rounded up; the points the late policy takes from ``total``)."""
+        late = (submitted - datetime.datetime.fromisoformat(self.due)).total_seconds()
+        days = math.ceil(late / 86400) if late > 0 else 0
+        if not days or self.penalty == "none":
+            return days, 0.0
+        if self.penalty == "zero":
+            return days, total
+        share = float(PENALTY.fullmatch(self.penalty).group(2)) / 100 * days
+        return days, round(min(total, total * share), 6)
 
 
 @dataclass(frozen=True)
@@ -63,6 +103,7 @@ class ClassRules:
     secret: str
     policy: Policy
     katas: tuple[str, ...] = ()   # the class's katas (slugs), the last `--katas` given; () every kata
+    deadline: Deadline | None = None
 
     def seeds(self, learner: str, slug: str) -> tuple[int, int]:
         """(public seed, hidden seed) of one learner's kata: the same on every run of this class."""
@@ -75,9 +116,20 @@ class ClassRules:
     def with_katas(self, slugs) -> ClassRules:
         return replace(self, katas=tuple(slugs))
 
+    def with_deadline(self, due: str | None, penalty: str | None) -> ClassRules:
+        """These rules with the due date and late policy given (None: as before; a policy alone
+        needs a due date given before). Raises ValueError with the sentence to show."""
+        if due is None and penalty is None:
+            return self
+        if due is None and self.deadline is None:
+            raise ValueError("a late policy needs a due date: give --due too.")
+        return replace(self, deadline=Deadline.parse(due or self.deadline.due,
+                                                     penalty or (self.deadline.penalty if self.deadline else "none")))
+
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, "secret": self.secret, "policy": asdict(self.policy),
-                           "katas": list(self.katas)}, indent=1) + "\n"
+                           "katas": list(self.katas), **({"deadline": asdict(self.deadline)} if self.deadline else {})},
+                          indent=1) + "\n"
 
 
 def new() -> ClassRules:
@@ -103,15 +155,16 @@ def load(out: Path) -> ClassRules | None:
     names = {f.name for f in fields(Policy)}
     try:
         secret, policy, katas = data["secret"], data.get("policy", {}), data.get("katas", [])
+        deadline = Deadline.parse(data["deadline"]["due"], data["deadline"]["penalty"]) if "deadline" in data else None
         bytes.fromhex(secret)
         if (data.get("format") != FORMAT or not set(policy) <= names or not all(type(v) is bool for v in policy.values())
                 or not (type(katas) is list and all(type(k) is str for k in katas))):
             raise ValueError
     except (KeyError, TypeError, ValueError, AttributeError):
         raise ClassFileError(f"{path} is not a class file of this kit (format {FORMAT}: a hex \"secret\", a "
-                             f"\"policy\" of {', '.join(sorted(names))} and a list of \"katas\"); restore it from a "
-                             "copy of OUT.") from None
-    return ClassRules(secret, Policy(**policy), tuple(katas))
+                             f"\"policy\" of {', '.join(sorted(names))}, a list of \"katas\" and maybe a "
+                             "\"deadline\"); restore it from a copy of OUT.") from None
+    return ClassRules(secret, Policy(**policy), tuple(katas), deadline)
 
 
 def load_or_create(out: Path, **policy) -> ClassRules:

@@ -125,6 +125,30 @@ def command(frameworks, *, cuda: bool = False, warm: bool = False, seccomp_fd: i
                    "isolated", *(["warm"] if warm else [])]
 
 
+# The system's shared libraries and programs: never /usr whole, where /usr/local/src may hold a checkout.
+SYSTEM_TREES = (*map(Path, ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32")),
+                *(Path("/") / name for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32")))
+
+
+@functools.cache
+def readable_paths() -> tuple[str, ...]:
+    """What a worker may read where no namespace can hide the rest (a grading container, through
+    Landlock: worker.restrict_reads): what ``_view`` shows, as the real paths. Landlock allows
+    trees and cannot cover a folder inside one, so the kit's own installed files stay protected by
+    their permissions (sandbox.container_problem); a copy anywhere else (a clone beside it) is
+    simply out of reach."""
+    paths = [*(path.resolve() for path in SYSTEM_TREES if path.exists()), Path("/etc/ld.so.cache"),
+             Path("/proc"), Path("/dev"), Path("/sys"),
+             Path(os.__file__).parent, Path(_ctypes.__file__).parent, Path(sys.executable).resolve()]
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        paths.append(Path(sysconfig.get_config_var("LIBDIR")) / sysconfig.get_config_var("INSTSONAME"))
+    interpreter = Path(sys.executable)
+    paths += [config for config in (interpreter.parent / "pyvenv.cfg", interpreter.parent.parent / "pyvenv.cfg")
+              if config.is_file()]
+    paths += [path for dist in distributions(FRAMEWORKS) for path in sorted(_dist_paths(dist))]
+    return tuple(dict.fromkeys(str(path) for path in paths if path.exists()))
+
+
 @functools.cache
 def _view() -> list[str]:
     """The filesystem's part of the command line (once a process: it reads the packages' RECORDs).
@@ -136,8 +160,7 @@ def _view() -> list[str]:
     # bwrap would make the folders above each destination private (0700): made readable first.
     args = ["--perms", "0755", "--dir", "/usr", "--perms", "0755", "--dir", "/etc"]
     whole = []   # trees bound as they are
-    for path in [*map(Path, ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32")),
-                 *(Path("/") / name for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"))]:
+    for path in SYSTEM_TREES:
         if path.is_symlink():
             args += ["--symlink", os.readlink(path), str(path)]
         elif path.is_dir():

@@ -73,6 +73,16 @@ class Diagnosis:
     shared: bool = False   # a mistake of katas/mistakes.toml: its explanation is the library's
 
 
+# A kata that judges structure (it declares `tampering`) also tells apart a library it does not
+# allow (engine.structure.LIBRARIES): an honest learner's unused `import numpy` is no attempt on the grader.
+IMPORT_NOT_ALLOWED = Diagnosis(
+    "import-not-allowed",
+    "Your file imports a library this kata does not allow (numpy in a torch kata, scipy, einops ...). That is no "
+    "misconduct, but the checks that judge what your code calls cannot see inside a library the kata does not list, "
+    "so they score 0; the other checks grade your results as usual.",
+    "Remove the import, an unused one too, and write the code with the modules the check's message lists.")
+
+
 @dataclass(frozen=True)
 class Mistake:
     """A mistake that can be made in several katas (katas/mistakes.toml): one code, one
@@ -284,6 +294,8 @@ def parse(path: Path) -> Kata:
         also = _typed(path, f"{where} also", entry.get("also", ""), str, "a string").strip()
         fix = _typed(path, f"{where} fix", entry.get("fix", library[code].fix), str, "a string").strip()
         diagnoses[code] = Diagnosis(code, f"{library[code].explain} {also}".strip(), fix, shared=True)
+    if "tampering" in diagnoses:
+        diagnoses.setdefault(IMPORT_NOT_ALLOWED.code, IMPORT_NOT_ALLOWED)
 
     tasks = []
     if not isinstance(data["tasks"], list) or not data["tasks"]:

@@ -31,10 +31,22 @@ def replay(kata: Kata, seed: int, file: Path | None = None) -> str:
     return f"kata check {kata.slug}{named} --seed {seed}"
 
 
+def graded_cells(result: dict) -> str | None:
+    """Which cells of a notebook a result graded, as a sentence (None: no notebook was graded)."""
+    cells = result.get("cells")
+    if not cells:
+        return None
+    listed = ", ".join(map(str, cells[:-1])) + f" and {cells[-1]}" if len(cells) > 1 else str(cells[0])
+    return (f"Graded: cell{'s' * (len(cells) > 1)} {listed} of {Path(result['file']).name}, your code cells in order "
+            "(the test and check cells left out).")
+
+
 def render(result: dict, kata: Kata, *, replay_with: str | None = None) -> str:
     """``replay_with``: what replays this run, where it is not `kata check KATA --seed N`."""
     lines = [click.style(f"{kata.slug} · {kata.title}", bold=True)
              + f"   seed {result['seed']} · {result['device']} · {result['duration_s']:.2f} s · {result['file']}"]
+    if result.get("cells"):
+        lines += _indent(graded_cells(result), 2)
     status = result["status"]
     if status == "error":
         first = result["checks"][0]["message"] if result["checks"] else ""

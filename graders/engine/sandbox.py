@@ -289,6 +289,9 @@ class Zygote:
             if self.containment != "process":
                 raise
             self.seccomp = False
+        # In a grading container, Landlock lets a worker read only what bwrap would show, where
+        # the kernel offers it (a copy of the kit outside its installed files is then out of reach).
+        self.landlock = self.containment == "container" and wire.landlock_abi() > 0
         self.users = 0   # sandbox users handed out (as root, see ``user``)
         self.lock = threading.RLock()
         self.proc = None
@@ -375,6 +378,8 @@ class Zygote:
                        "memory_mb": memory_mb, "env": scrubbed_env(directory), "uid": uid,
                        "seccomp": seccomp.request(*seccomp_args, container=self.containment == "container")
                        if self.seccomp else None}
+            if self.containment == "container" and self.landlock:
+                request["readable"] = [*bwrap.readable_paths(), directory]
             if ranks:
                 request["ranks"] = ranks
             # Each worker gets its pipes and a descriptor of the file (the same one for every rank).

@@ -27,9 +27,15 @@ import functools
 import re
 import string
 
-from . import expect
+from . import expect, manifest
 
 TAMPERING = "tampering"
+# A numerical library a kata does not list is no attempt on the grader: a file whose only finding
+# is an import of one (an unused `import numpy` in a torch kata) is diagnosed as what it is. The
+# checks that judge what the code calls still score 0: they do not see inside such a library.
+IMPORT_NOT_ALLOWED = manifest.IMPORT_NOT_ALLOWED.code
+LIBRARIES = frozenset({"numpy", "scipy", "torch", "einops", "opt_einsum", "jax", "flax", "tensorflow", "keras",
+                       "pandas", "sympy", "numba", "cupy", "sklearn", "matplotlib", "triton", "xformers", "flash_attn"})
 
 # The modules a kata's file may import: code that runs in the calling thread, where the recorder
 # sees every torch call, and that starts no thread or process, touches no file and runs no code
@@ -214,15 +220,34 @@ def tampering(source: str, framework: str, allow: tuple[str, ...] = ()) -> list[
     is a tensor or that names a metaclass, ``type`` used other than for a name, a string that runs
     as code (an annotation, a format string that reads attributes). A kata solution needs none of
     them. ``allow``: names the kata lets through besides (its manifest's)."""
+    return list(_scan(source, framework, allow)[0])
+
+
+def libraries_only(source: str, framework: str, allow: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The libraries (``LIBRARIES``) the file imports though the kata does not list them, where
+    such imports are all that ``tampering`` finds; empty otherwise."""
+    found, libraries = _scan(source, framework, allow)
+    return libraries if len(found) == len(libraries) else ()
+
+
+# The verdict on a file, by its text: one walk however many gradings and checks read it (grade_seeds
+# grades a file at 20 seeds). The text is the trusted process's copy of the file as handed in
+# (Sandbox.source_text, read before the worker starts), which the learner's code never reaches, so
+# when the walk happens cannot change what it finds.
+@functools.lru_cache(maxsize=64)
+def _scan(source: str, framework: str, allow: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(what ``tampering`` finds, each as ``what (line N)``; the imports of LIBRARIES among it, as
+    ``import numpy (line 1)``)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
-        return []   # such a file does not load: its checks fail without a recording
-    found = _Scan(tree, allowed_modules(framework, allow), _restricted(allow)).found
+        return (), ()   # such a file does not load: its checks fail without a recording
+    scan = _Scan(tree, allowed_modules(framework, allow), _restricted(allow))
     lines: dict[str, list[int]] = {}
-    for what, line in sorted(set(found), key=lambda item: (item[1], item[0])):
+    for what, line in sorted(set(scan.found), key=lambda item: (item[1], item[0])):
         lines.setdefault(what, []).append(line)
-    return [f"{what} (line{'s' if len(at) > 1 else ''} {', '.join(map(str, at))})" for what, at in lines.items()]
+    found = {what: f"{what} (line{'s' if len(at) > 1 else ''} {', '.join(map(str, at))})" for what, at in lines.items()}
+    return tuple(found.values()), tuple(found[what] for what in found if what in scan.libraries)
 
 
 class _Scan(ast.NodeVisitor):
@@ -241,6 +266,7 @@ class _Scan(ast.NodeVisitor):
         self.classes = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
         self.parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         self.bases, self.direct = set(), set()   # ids of Name nodes: an attribute's base, a direct getattr
+        self.libraries = set()   # what was refused that is an import of a library (LIBRARIES)
         self.visit(tree)
 
     def refuse(self, what: str, node):
@@ -280,6 +306,8 @@ class _Scan(ast.NodeVisitor):
         for a in node.names:
             if a.name not in self.allowed:
                 self.refuse(f"import {a.name}", node)
+                if a.name.split(".")[0] in LIBRARIES:
+                    self.libraries.add(f"import {a.name}")
 
     def visit_ImportFrom(self, node):
         module = "." * node.level + (node.module or "")
@@ -288,6 +316,9 @@ class _Scan(ast.NodeVisitor):
             if node.level or node.module not in self.allowed or a.name == "*" \
                     or not self.judged(a.name, f"{node.module}.{a.name}", None):
                 self.refuse(f"from {module} import {a.name}", node)
+                if not node.level and node.module not in self.allowed and a.name != "*" \
+                        and node.module.split(".")[0] in LIBRARIES:
+                    self.libraries.add(f"from {module} import {a.name}")
 
     def writable(self, chain: str | None) -> bool:
         """Whether the attribute at the end of ``chain`` may be set or deleted: on the file's own
@@ -482,30 +513,29 @@ def _constant_name(node, functions) -> str | None:
     return None
 
 
-# The verdict on a file, by its text: one walk however many gradings and checks read it (grade_seeds
-# grades a file at 20 seeds). The text is the trusted process's copy of the file as handed in
-# (Sandbox.source_text, read before the worker starts), which the learner's code never reaches, so
-# when the walk happens cannot change what it finds.
-_verdict = functools.lru_cache(maxsize=64)(tampering)
-
-
 def check_untampered(learner, *, call: str, case: str | None = None):
     """A structure check's last judgement: what it recorded and read holds only for a file that
     passes the static check (``tampering``) and whose recorded calls hold no custom operator (the
     recorder sees none of the calls its body makes). Last, so that a known bug the check sees is
     still named (and the bug oracles, whose files load the reference with exec, keep their own
     diagnoses)."""
-    found = [*_verdict(learner.source, learner.framework, learner.allow),
+    found = [*tampering(learner.source, learner.framework, learner.allow),
              *(f"{name}, a custom operator" for name in sorted(learner.custom_operators)),
              *(f"{name}, a function of your file that torch ran inside one of its own calls, where the recorder "
                "does not look" for name in sorted(learner.below_recorder))]
+    allowed = ", ".join(allowed_modules(learner.framework, learner.allow))
+    libraries = libraries_only(learner.source, learner.framework, learner.allow)
+    if found and len(found) == len(libraries):
+        expect.that(False, "Your file imports a library this kata does not allow. That is no fault in itself, but "
+                    "this check judges what your code calls and cannot see inside a library it does not list, so it "
+                    "scores 0. Remove the import (an unused one too) and write it with the modules listed.",
+                    call=call, case=case, got=", ".join(found), expected=f"imports of {allowed} only",
+                    diagnose=lambda: IMPORT_NOT_ALLOWED)
     expect.that(not found, "Your file uses something with which code can hide what it computes from the grader "
                 "(a module this kata does not list, introspection, dynamic code, a thread or a process, a file): "
                 "each is named below with its line. This structure check cannot trust what it saw, so it scores 0.",
                 call=call, case=case, got=", ".join(found),
-                expected="plain code that imports only "
-                f"{', '.join(allowed_modules(learner.framework, learner.allow))} and calls "
-                "their functions directly",
+                expected=f"plain code that imports only {allowed} and calls their functions directly",
                 diagnose=lambda: TAMPERING)
 
 
