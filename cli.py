@@ -143,6 +143,24 @@ def _policy_options(command):
     return command
 
 
+def _deadline_options(command):
+    """The due date and late policy, shared by `kata grade` and `kata gradescope`."""
+    command = click.option("--late-penalty", metavar="POLICY",
+                           help="none (lateness only said; the default), zero (late work scores 0) or N%/day (N "
+                                "percent of the total per day or part of a day late); kept in the class file.")(command)
+    return click.option("--due", metavar="DATETIME",
+                        help="The due date, ISO 8601 with its time zone (2026-12-01T23:59+01:00), kept in the class "
+                             "file: grades.csv and each learner's feedback then say when the work came and the late "
+                             "penalty.")(command)
+
+
+def _with_deadline(class_rules, due, late_penalty):
+    try:
+        return class_rules.with_deadline(due, late_penalty)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--due / --late-penalty") from None
+
+
 def _policy(graded, banned_fails, withhold_fixes, hide_hidden_names, show_hidden_diagnoses) -> dict:
     """The policy flags given (None: as the class file says; --graded: each of its three not given is on)."""
     given = {"banned_fails": banned_fails, "withhold_fixes": withhold_fixes, "hide_hidden": hide_hidden_names}
@@ -159,12 +177,19 @@ def _all_katas() -> tuple[Kata, ...]:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="attention-katas")
-def main():
+@click.option("--katas-dir", "katas_dirs", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A folder of a course's own katas (<slug>/kata.toml, ...), beside the kit's; repeat for more. "
+                   f"The same as ${manifest.COURSE_KATAS} (os.pathsep between folders).")
+def main(katas_dirs):
     """Attention katas: write softmax, masks, multi-head and grouped-query attention from
     scratch, and be told exactly what is wrong.
 
     Start with `kata list`, then `kata start softmax` and `kata check softmax`.
     """
+    if katas_dirs:   # in the environment: the processes a command starts (grading pools, nbgrader) see them too
+        given = [str(d.resolve()) for d in katas_dirs]
+        known = [d for d in os.environ.get(manifest.COURSE_KATAS, "").split(os.pathsep) if d]
+        os.environ[manifest.COURSE_KATAS] = os.pathsep.join(dict.fromkeys([*given, *known]))
 
 
 @main.command("list")
@@ -674,9 +699,13 @@ def nbgrader_autograde(course, assignment, kata_names, jobs, force, replay, no_s
         raise EnvironmentProblem("nbgrader is not installed here: in the kit's clone, pip install '.[nbgrader]' "
                                  "(the instructor's install in docs/teaching.md).")
     source = course / "source" / assignment
+    courses.nbgrader_config(course)   # as nbgrader loads it: it names the course's own katas (`kata nbgrader init`)
     katas = [k for k in _kata_list(kata_names) if (source / f"{k.module}.ipynb").is_file()]
     if not katas:
-        raise click.UsageError(f"{source} holds no kata notebook: `kata nbgrader init` writes them.")
+        found = sorted(p.name for p in source.glob("*.ipynb")) if source.is_dir() else []
+        raise click.UsageError(f"{source} holds no kata notebook: `kata nbgrader init` writes them." if not found else
+                               f"{source} holds {', '.join(found)}, of no kata known here: a course's own kata is "
+                               "found with `kata --katas-dir DIR` (or $KATA_KATAS_DIR).")
     if replay and (force or any(v not in (None, False) for v in policy.values())):
         raise click.UsageError("--replay grades by the course's recorded rules: give it neither --force nor a "
                                "policy flag.")
@@ -727,12 +756,7 @@ def _kata_list(values: tuple[str, ...]) -> list[Kata]:
                    "pair whether the grade is the same (exit 1 if one differs): how a re-grade request is checked.")
 @click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
               help="Where the graders run: every learner of a class on the same kind of device.")
-@click.option("--due", metavar="DATETIME",
-              help="The due date, ISO 8601 with its time zone (2026-12-01T23:59+01:00), kept in OUT's class file: "
-                   "grades.csv then says when each learner's work came and the late penalty.")
-@click.option("--late-penalty", metavar="POLICY",
-              help="none (lateness only said; the default), zero (late work scores 0) or N%/day (N percent of the "
-                   "total per day or part of a day late); kept in OUT's class file.")
+@_deadline_options
 @_policy_options
 @_no_sandbox_option
 @_container_option
@@ -779,10 +803,7 @@ def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay
         raise EnvironmentProblem(str(exc)) from None
     if replay and class_rules is None:
         raise click.UsageError(f"{out} holds no graded class to replay (no {rules.CLASS_FILE}).")
-    try:
-        class_rules = class_rules.with_deadline(due, late_penalty)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--due / --late-penalty") from None
+    class_rules = _with_deadline(class_rules, due, late_penalty)
     # The class's katas: those given, else those the class file keeps from the last run that gave them.
     known = {kata.slug for kata in _all_katas()}
     katas = _kata_list(kata_names or tuple(slug for slug in class_rules.katas if slug in known))
@@ -909,7 +930,11 @@ def lint(kata_name, seed, deep, mutants, seeds, sample):
     _full_kit("lint")
     from graders.authoring import deep as deep_lint
 
-    katas = [_kata(kata_name)] if kata_name else _all_katas()
+    # A course's own kata is linted when named: every kata means the kit's.
+    katas = [_kata(kata_name)] if kata_name else [k for k in _all_katas() if not k.folder]
+    if deep and any(k.folder for k in katas):
+        raise click.UsageError(f"{kata_name} is a course's own kata: --deep records the kit's katas for its test "
+                               f"suite; `kata --katas-dir ... lint {kata_name}` checks yours.")
     seed = new_seed() if seed is None else seed
     if mutants:
         _lint_mutants(katas, list(range(seed, seed + seeds)), sample)
@@ -943,24 +968,34 @@ def lint(kata_name, seed, deep, mutants, seeds, sample):
 @click.argument("slug")
 @click.option("--framework", type=click.Choice(["torch", "numpy"]), default="torch", show_default=True,
               help="What the learner writes with.")
-def new_kata(slug, framework):
+@click.option("--katas-dir", "into", type=click.Path(file_okay=False, path_type=Path),
+              help="Write a course's own kata, every file in KATAS_DIR/SLUG/, outside the kit.")
+def new_kata(slug, framework, into):
     """Write every file a new kata needs, in its place (for authors).
 
     A working kata to edit: its manifest, README and stub in katas/SLUG/, its reference and bug
     oracles in reference/, its graders in graders/, its own tests and style zoo in tests/, and its
     row in the README's table of katas. `kata lint SLUG` names every place still marked
     TODO(kata new); docs/authoring.md says what goes there.
+
+    With --katas-dir, an exercise of a course's own: manifest, README, stub, reference, bug
+    oracles, grader and hidden checks in KATAS_DIR/SLUG/ (docs/teaching.md, "An exercise of your
+    own"); every command then takes it with `kata --katas-dir KATAS_DIR ...`.
     """
     _full_kit("new")
     from graders.authoring.new import NewKataError, write
 
     try:
-        written = write(slug, framework)
+        written = write(slug, framework, into.resolve() if into else None)
     except NewKataError as exc:
         raise click.UsageError(str(exc)) from None
     for path in written:
-        click.echo(f"  wrote {path.relative_to(ROOT)}")
-    click.echo(f"Next: `kata lint {slug}` lists what is left to write; docs/authoring.md is the guide.")
+        click.echo(f"  wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    if into:
+        click.echo(f"Next: edit them (docs/teaching.md, \"An exercise of your own\"), then `kata --katas-dir {into} "
+                   f"check {slug} --file {into / slug / 'reference.py'}` gives full marks.")
+    else:
+        click.echo(f"Next: `kata lint {slug}` lists what is left to write; docs/authoring.md is the guide.")
 
 
 def _lint_mutants(katas, seeds: list[int], sample: int | None):
@@ -1017,8 +1052,9 @@ def release_(out, kata_names, seed, withhold_fixes):
 @click.option("--class", "class_out", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="The OUT of a class graded with `kata grade`: its secret and policy go in the zip "
                    "(by default a new secret, and the policy flags given here).")
+@_deadline_options
 @_policy_options
-def gradescope(out, kata_names, class_out, **policy):
+def gradescope(out, kata_names, class_out, due, late_penalty, **policy):
     """Build a Gradescope autograder zip that grades KATAS with this kit.
 
     Upload it as the assignment's autograder (Configure Autograder, zip file upload). Its setup.sh
@@ -1026,7 +1062,8 @@ def gradescope(out, kata_names, class_out, **policy):
     run_autograder grades the learner's files (softmax.py, causal_mask.py ...) with `kata grade`
     and always writes results.json, with score 0 and the reason when grading could not finish.
     The zip holds the class's secret, so a re-run of a submission gets the same grade: keep the
-    zip away from learners.
+    zip away from learners. Under --due, the time Gradescope took the submission decides the late
+    penalty, shown to the learner as a test of its own.
     """
     _full_kit("gradescope")
     from graders.classroom.gradescope import GradescopeError, build
@@ -1040,7 +1077,8 @@ def gradescope(out, kata_names, class_out, **policy):
         raise click.BadParameter(f"{class_out} holds no {rules.CLASS_FILE}: grade the class into it first.",
                                  param_hint="--class")
     try:
-        built = build(out, katas, (known or rules.new()).with_policy(**_policy(**policy)))
+        built = build(out, katas, _with_deadline((known or rules.new()).with_policy(**_policy(**policy)), due,
+                                                 late_penalty))
     except GradescopeError as exc:
         raise EnvironmentProblem(str(exc)) from None
     click.echo(f"Wrote {out} ({built['size'] / 1e6:.1f} MB): katas {', '.join(built['katas'])}; "

@@ -16,6 +16,9 @@ from graders.engine.runner import grade
 from graders.engine.sandbox import Zygote
 
 KATA = Path(sys.executable).with_name("kata")   # the installed console script
+# The kit's own katas only: a course's folder of katas in the caller's environment is no part of the
+# kit's tests (tests/test_course_kata.py gives its own with --katas-dir).
+os.environ.pop("KATA_KATAS_DIR", None)
 # Grading a class, and the containment tests, need bubblewrap: .ci/run installs it.
 needs_bwrap = pytest.mark.skipif(bwrap.problem() is not None,
                                  reason=f"{bwrap.problem()}: grading runs only in its sandbox")

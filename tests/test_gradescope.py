@@ -94,17 +94,19 @@ def run_autograder(root: Path, files: dict[str, str | Path]) -> dict:
 
 
 def autograde(root: Path, files: dict[str, str | Path], launcher: tuple[str, ...] = (),
-              users: list[dict] | None = None) -> tuple[dict, str]:
+              users: list[dict] | None = None, created_at: str | None = None) -> tuple[dict, str]:
     """run_autograder's results.json and its stdout (what instructors see); ``launcher``: the
-    command that runs it (a container's limits); ``users``: the submitters, as Gradescope's
-    submission_metadata.json lists them (none: no metadata, as when the autograder is tried by hand)."""
+    command that runs it (a container's limits); ``users`` and ``created_at``: the submitters and
+    when Gradescope took the submission, as its submission_metadata.json says (none: no metadata,
+    as when the autograder is tried by hand)."""
     import jsonschema   # here, not at collection: it takes most of a second
     submission = root / "submission"
     shutil.rmtree(submission, ignore_errors=True)
     shutil.rmtree(root / "results", ignore_errors=True)
     (root / "submission_metadata.json").unlink(missing_ok=True)
     if users is not None:
-        (root / "submission_metadata.json").write_text(json.dumps({"id": 123456, "users": users}))
+        (root / "submission_metadata.json").write_text(json.dumps(
+            {"id": 123456, "users": users, **({"created_at": created_at} if created_at else {})}))
     submission.mkdir()
     for name, content in files.items():
         (submission / name).parent.mkdir(parents=True, exist_ok=True)
@@ -211,6 +213,25 @@ def test_each_student_draws_inputs_of_their_own_and_keeps_them_on_resubmission(i
     assert shown(1201, "Ada Lovelace") == ada
 
 
+def test_a_late_submission_loses_the_late_policys_share_as_a_test_of_its_own(installed):
+    """`kata gradescope --due ... --late-penalty 10%/day` keeps the deadline in the zip's class
+    file; the time Gradescope took the submission (submission_metadata.json) decides the penalty."""
+    class_file = installed / "source" / "class.json"
+    saved = class_file.read_text()
+    rules = json.loads(saved)
+    class_file.write_text(json.dumps({**rules, "deadline": {"due": "2026-12-01T23:59:00+00:00",
+                                                             "penalty": "10%/day"}}))
+    user = [{"email": "ada@example.com", "id": 1201, "name": "Ada"}]
+    try:
+        late, _ = autograde(installed, {k.learner_file: k.reference_path.read_text() for k in KATAS}, users=user,
+                            created_at="2026-12-02T09:00:00.000000-08:00")   # 17 hours late: one day
+    finally:
+        class_file.write_text(saved)
+    penalty, = [t for t in late["tests"] if t["name"] == "late penalty"]
+    assert penalty["score"] == pytest.approx(-0.1 * MAX_SCORE) and penalty["max_score"] == 0
+    assert late["score"] == pytest.approx(0.9 * MAX_SCORE) and "1 day(s) after the due date" in late["output"]
+
+
 def test_files_as_students_hand_them_in_are_found_and_listed(installed):
     """What zipping a folder gives (hw3/...), and a browser's second download of a file."""
     softmax, mask = KATAS
@@ -246,6 +267,26 @@ def test_failing_kata_grade_still_writes_results(installed, zip_path):
         shutil.rmtree(root)
     assert results["score"] == 0 and "tests" not in results
     assert results["output"].startswith("Grading failed (kata grade exit status 2)")
+
+
+def test_a_courses_own_kata_in_the_zip_is_graded(installed):
+    """`kata --katas-dir DIR gradescope` puts a course's own kata (docs/teaching.md, "An exercise
+    of your own") in the zip under katas/, where run_autograder finds it."""
+    from test_course_kata import LOOPS, guide_files
+
+    folder = installed / "source" / "katas" / "qk-scores"
+    folder.mkdir(parents=True)
+    for name, text in guide_files().items():
+        (folder / name).write_text(text)
+    config = installed / "source" / "config.json"
+    saved = config.read_text()
+    config.write_text(json.dumps({**json.loads(saved), "katas": ["qk-scores"]}))
+    try:
+        results, _ = autograde(installed, {"qk_scores.py": LOOPS})
+    finally:
+        config.write_text(saved)
+        shutil.rmtree(installed / "source" / "katas")
+    assert results["score"] == 3 and [t["status"] for t in results["tests"]] == ["passed", "passed"], results
 
 
 def test_missing_setup_still_writes_results(zip_path):

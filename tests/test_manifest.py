@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from graders.authoring.lint import check_shared_mistakes
-from graders.engine.manifest import KATAS_DIR, ManifestError, find, katas, mistakes, parse
+from graders.engine.manifest import KATAS_DIR, ManifestError, _katas, find, katas, mistakes, parse
 
 GOOD = (KATAS_DIR / "softmax" / "kata.toml").read_text()
 
@@ -141,7 +141,13 @@ def test_duplicate_order_is_refused(tmp_path):
     shutil.copytree(tmp_path / "softmax", tmp_path / "twin")
     (tmp_path / "twin" / "kata.toml").write_text(GOOD.replace('slug = "softmax"', 'slug = "twin"'))
     with pytest.raises(ManifestError, match="order = 1 is also used by"):
-        katas.__wrapped__(tmp_path)
+        _katas.__wrapped__((tmp_path,))   # uncached
+
+
+def test_a_courses_kata_may_take_no_slug_of_the_kits(tmp_path):
+    manifest(tmp_path, GOOD.replace("order = 1", "order = 1001"))
+    with pytest.raises(ManifestError, match="slug 'softmax' is also the kata in"):
+        _katas.__wrapped__((KATAS_DIR, tmp_path))
 
 
 def test_find_accepts_file_and_module_names():

@@ -254,6 +254,8 @@ def _summed_in_a_group(path: str, lock, answers):
     with Zygote(["torch"], isolated=False, container=True) as zygote, \
             Sandbox(Path(path), zygote=zygote, framework="torch", module_name="ranked", timeout_s=10,
                     import_timeout_s=60, memory_mb=2048, spawn=False) as sandbox:
+        sandbox.ensure_loaded()
+        answers.put("ready")   # all that is left is the rank group, which waits for the lock
         ranks = Learner(sandbox).ranks(2)
         summed = [x.tolist() for x in ranks.each(lambda r, learner: learner.summed(torch.ones(2)))]
         answers.put((summed, ranks.group.store))
@@ -280,11 +282,13 @@ def test_in_a_container_two_rank_groups_never_run_at_once(tmp_path):
     second = context.Process(target=_summed_in_a_group, args=(str(path), lock, second_answers))
     first.start()
     try:
+        assert first_answers.get(timeout=120) == "ready"
         summed, store = first_answers.get(timeout=120)
         assert summed == [[2.0] * 2] * 2 and store.startswith("tcp://127.0.0.1:"), (summed, store)
         second.start()
-        with pytest.raises(queue.Empty):   # the second group waits while the first is open
-            second_answers.get(timeout=20)
+        assert second_answers.get(timeout=120) == "ready"
+        with pytest.raises(queue.Empty):   # the second group waits while the first is open (unlocked: a second or two)
+            second_answers.get(timeout=8)
         first_answers.put("close")
         summed, _ = second_answers.get(timeout=120)
         assert summed == [[2.0] * 2] * 2

@@ -151,10 +151,15 @@ MARKER = "TODO(kata new)"
 REQUIRED = ("manifest", "readme", "stub", "reference", "bugs", "grader", "hidden", "tests")
 
 
+# A course's own kata needs no bug oracles, hidden checks, tests or style zoo.
+COURSE_REQUIRED = ("manifest", "readme", "stub", "reference", "grader")
+
+
 def check_files(kata: Kata) -> tuple[bool, str]:
     """Every file of the kata is in its place."""
-    missing = [f"{role} ({shown(kata.files[role])})" for role in REQUIRED if not kata.files[role].is_file()]
-    if not kata.files["zoo"].is_dir():
+    required = COURSE_REQUIRED if kata.folder else REQUIRED
+    missing = [f"{role} ({shown(kata.files[role])})" for role in required if not kata.files[role].is_file()]
+    if not kata.folder and not kata.files["zoo"].is_dir():
         missing.append(f"zoo ({shown(kata.files['zoo'])}/)")
     return not missing, ("every file in its place" if not missing else f"missing: {', '.join(missing)}")
 
@@ -380,7 +385,8 @@ RULES = (
     Rule("followups", f"at least {MIN_CHOICE} choice and {MIN_NUMERIC} numeric follow-up questions, each asked and "
                       "graded as written: a numeric answer computed from its parameters, each listed mistake graded "
                       "wrong with its explanation", check_followups),
-    Rule("diagnoses", "the diagnoses are the bug oracles' codes (and `tampering`), each explained", check_diagnoses),
+    Rule("diagnoses", "the diagnoses are the bug oracles' codes (and `tampering`, with the engine's "
+                      "`import-not-allowed`), each explained", check_diagnoses),
     Rule("shared-mistakes", "every mistake of katas/mistakes.toml that can occur in the kata (its `occurs` among the "
                             "manifest's features) is named, with the library's code and explanation",
          check_shared_mistakes),
@@ -399,10 +405,17 @@ RULES = (
 )
 
 
+# What `kata lint` asks of a course's own kata: the rules that hold for any exercise (the kit's own
+# also want hidden checks, follow-ups, a style zoo, a row in its README ...).
+COURSE_RULES = tuple(rule for rule in RULES if rule.name in ("files", "markers", "api", "tasks", "hints", "diagnoses",
+                                                               "leaks"))
+
+
 def static(kata: Kata, progress=lambda finding: None) -> list[Finding]:
-    """Every rule of RULES, in order; a kata with files missing stops after the first."""
+    """Every rule of RULES (of COURSE_RULES for a course's own kata), in order; a kata with files
+    missing stops after the first."""
     findings = []
-    for rule in RULES:
+    for rule in COURSE_RULES if kata.folder else RULES:
         ok, what = rule.check(kata)
         findings.append(Finding(kata.slug, ok, f"{rule.name}: {what}"))
         progress(findings[-1])

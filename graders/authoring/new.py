@@ -1,5 +1,5 @@
 """`kata new SLUG`: every file a kata needs, in its place (``Kata.files``), and its row in the kit's
-README.
+README; with ``--katas-dir DIR``, a course's own kata, every file in DIR/SLUG/.
 
 What it writes is a working kata: a function ``example`` that doubles its input, a grader with one
 public and one hidden check, a bug oracle, follow-ups, four style-zoo solutions and a zoo bug.
@@ -14,7 +14,7 @@ from pathlib import Path
 from string import Template
 
 from ..engine.manifest import KATAS_DIR, ROOT, Kata, katas, parse
-from .lint import FRAMEWORK_NAMES, MARKER, kata_row
+from .lint import FRAMEWORK_NAMES, MARKER, kata_row, shown
 
 SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 TODO = MARKER
@@ -150,7 +150,7 @@ def example_not_doubled(x):
 BUGS = {"example-bug": {"example": example_not_doubled}}
 '''
 
-GRADER = '''"""Grader of the $slug kata (katas/$slug/README.md)."""
+GRADER = '''"""Grader of the $slug kata ($readme)."""
 $imports
 
 from graders.engine import expect
@@ -212,39 +212,77 @@ def example(x):
 '''
 
 
+# A course's own kata (`kata new SLUG --katas-dir DIR`): the same kata in one folder, with a hidden
+# check that stands alone and no style zoo or tests of the kit's.
+FOLDER_HIDDEN = '''"""Hidden checks of the $slug kata: fresh values at each grading, never in a student bundle."""
+$imports
+
+from graders.engine import expect
+
+
+def test_other_shapes(learner, bugs, kata, case_rng, rng):
+    """matches the reference on cases no public check shows"""
+    # case_rng draws the structure (the same at every seed); rng the values (fresh at each).
+    shape = tuple(int(n) for n in case_rng.integers(2, 7, size=3))
+    x = $draw
+    got = learner.example(x)
+    tol = kata.tolerance("float64")
+    expect.array(got, bugs.reference.example(x), call="example(x)", case="hidden inputs", **tol,
+                 diagnose=lambda: bugs.match(got, lambda impl: impl.example(x), **tol))
+'''
+COURSE_ORDER = 1001   # a course's own katas come after the kit's, whose orders stay below
+
+
 class NewKataError(Exception):
     """The kata could not be written (the message says why); nothing was written."""
 
 
-def plan(slug: str, framework: str) -> dict[Path, str]:
-    """{path: text} of every file of a new kata ``slug``."""
+def plan(slug: str, framework: str, into: Path | None = None) -> dict[Path, str]:
+    """{path: text} of every file of a new kata ``slug``: in the kit, or in the folder of a
+    course's own katas ``into`` (manifest, README, stub, reference, bug oracles, grader and hidden
+    checks, all in ``into/slug/``)."""
     if not SLUG.fullmatch(slug):
         raise NewKataError(f"{slug!r} is not a kata slug: lower-case words joined by hyphens, e.g. `ring-attention`.")
     if framework not in KINDS:
         raise NewKataError(f"--framework must be one of {', '.join(KINDS)} (a kata of plain Python numbers "
                            "starts from numpy's and sets `framework = \"python\"`).")
-    kata = Kata(slug=slug, title=slug, order=max((k.order for k in katas()), default=0) + 1, framework=framework,
-                dir=KATAS_DIR / slug, learner_file=slug.replace("-", "_") + ".py")
+    known = katas()
+    if into is not None and any(k.slug == slug for k in known):   # a course's kata may not take a kit's slug
+        raise NewKataError(f"{slug} is a kata already ({next(k.dir for k in known if k.slug == slug)}).")
+    orders = [k.order for k in known if (k.order >= COURSE_ORDER) == (into is not None)]
+    kata = Kata(slug=slug, title=slug, order=max(orders, default=COURSE_ORDER - 1 if into else 0) + 1,
+                framework=framework, dir=(into or KATAS_DIR) / slug, learner_file=slug.replace("-", "_") + ".py",
+                folder=into is not None)
     taken = [path for path in (*kata.files.values(),) if path.exists() and path != kata.files["expected"]]
     if taken:
-        raise NewKataError(f"{slug} exists already: {', '.join(str(p.relative_to(ROOT)) for p in taken)}.")
+        raise NewKataError(f"{slug} exists already: {', '.join(shown(p) for p in taken)}.")
     kind = KINDS[framework]
     values = {"slug": slug, "module": kata.module, "order": kata.order, "framework": framework, "TODO": TODO,
               "framework_name": FRAMEWORK_NAMES[framework], "imports": kind["imports"], "type": kind["type"],
               "draw": kind["draw"]}
     values["doc"] = Template(DOC).substitute(values)
-    files = {kata.files["manifest"]: MANIFEST, kata.files["readme"]: README, kata.files["stub"]: STUB,
+    values["readme"] = "its README.md, beside it" if into else f"katas/{slug}/README.md"
+    # Follow-up questions are for the kit's interviews: a course's own kata goes without.
+    manifest = MANIFEST.split("\n[[followups]]")[0] + "\n" if into else MANIFEST
+    files = {kata.files["manifest"]: manifest, kata.files["readme"]: README, kata.files["stub"]: STUB,
              kata.files["reference"]: REFERENCE, kata.files["bugs"]: BUGS, kata.files["grader"]: GRADER,
-             kata.files["hidden"]: HIDDEN, kata.files["tests"]: TESTS,
-             kata.files["zoo"] / "idiom_one__example-bug.py": ZOO_BUG}
-    files.update({kata.files["zoo"] / f"{name}.py": Template(IDIOM).safe_substitute(body=body)
-                  for name, body in IDIOMS.items()})
+             kata.files["hidden"]: FOLDER_HIDDEN if into else HIDDEN}
+    if into is None:   # the kit's own katas are tested and linted with a style zoo
+        files.update({kata.files["tests"]: TESTS, kata.files["zoo"] / "idiom_one__example-bug.py": ZOO_BUG})
+        files.update({kata.files["zoo"] / f"{name}.py": Template(IDIOM).safe_substitute(body=body)
+                      for name, body in IDIOMS.items()})
     return {path: Template(text).substitute(values) for path, text in files.items()}
 
 
-def write(slug: str, framework: str) -> list[Path]:
-    """Write the new kata's files and its row in the README's table of katas; the paths written."""
-    files = plan(slug, framework)
+def write(slug: str, framework: str, into: Path | None = None) -> list[Path]:
+    """Write the new kata's files and, in the kit, its row in the README's table of katas; the
+    paths written. ``into``: the folder of a course's own katas (see ``plan``)."""
+    files = plan(slug, framework, into)
+    if into is not None:
+        for path, text in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        return list(files)
     readme = ROOT / "README.md"
     table = readme.read_text(encoding="utf-8")
     rows = [line for line in table.splitlines() if re.match(r"\| \d+ \| `", line)]

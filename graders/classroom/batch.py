@@ -668,11 +668,9 @@ class Grading:
         atomic_write(self.out / "similarity.md", similarity_md(katas, self.sources(results)))
         plots.save(summary_figure(katas, results), self.out / "summary.png")
         for name, by_kata in results.items():
-            graded = gradescope_results(katas, by_kata, self.rules.policy)
+            graded = gradescope_results(katas, by_kata, self.rules.policy, late.get(name))
             if unsandboxed:
                 graded["output"] = f"{NO_SANDBOX}\n{graded['output']}"
-            if name in late:
-                graded["output"] = f"{late[name].sentence}\n{graded['output']}"
             atomic_write(self.out / name / "results.json", json.dumps(graded, indent=1))
             atomic_write(self.out / name / "feedback.md",
                          feedback_md(name, katas, by_kata, self.rules.policy, late.get(name)))
@@ -785,9 +783,10 @@ BANNED_NOTE = ("Uses a banned API, or hides what it calls from the check of them
                "scores 0.")
 
 
-def gradescope_results(katas: list[Kata], by_kata: dict, policy: Policy = SELF_STUDY) -> dict:
-    """One learner's grades in Gradescope's results.json format: a test per check."""
-    tests, lines = [], []
+def gradescope_results(katas: list[Kata], by_kata: dict, policy: Policy = SELF_STUDY, late: Late | None = None) -> dict:
+    """One learner's grades in Gradescope's results.json format: a test per check, and one that
+    takes the late penalty (``late``: under a deadline) off the total."""
+    tests, lines = [], [late.sentence] if late else []
     for kata in katas:
         result = by_kata.get(kata.slug)
         if result is None:
@@ -815,9 +814,13 @@ def gradescope_results(katas: list[Kata], by_kata: dict, policy: Policy = SELF_S
                           "score": check["score"], "max_score": check["max_score"],
                           "status": "passed" if check["status"] == "passed" else "failed",
                           "output": output, "visibility": "after_due_date" if later else "visible"})
+    penalty = late.penalty if late else 0.0
+    if penalty:
+        tests.append({"name": "late penalty", "score": -penalty, "max_score": 0, "status": "failed",
+                      "output": late.sentence, "visibility": "visible"})
     hiding = any(t["visibility"] != "visible" for t in tests) and not any(r.get("override") for r in by_kata.values())
     # A total given at the top would show what the hidden tests earned: Gradescope adds the tests' own.
-    total = {} if hiding else {"score": round(sum(r["score"] for r in by_kata.values()), 6)}
+    total = {} if hiding else {"score": round(sum(r["score"] for r in by_kata.values()) - penalty, 6)}
     return {**total, "execution_time": round(sum(r.get("duration_s") or 0 for r in by_kata.values()), 3),
             "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden",
             "tests": tests}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import stat
 import tempfile
 import warnings
@@ -42,6 +43,13 @@ from graders.classroom.nbgrader_release import KataCollect, preprocessors  # noq
 c.GenerateAssignment.preprocessors = preprocessors()
 # nbgrader collect copies a link as a link (its own copy follows it): autograde refuses it.
 c.ExchangeFactory.collect = KataCollect
+'''
+
+
+COURSE_KATAS = '''# The course's own katas (`kata --katas-dir`), for nbgrader's commands that load the kit.
+import os  # noqa: E402
+os.environ.setdefault("KATA_KATAS_DIR", {dirs!r})
+
 '''
 
 
@@ -89,7 +97,11 @@ def init(course: Path, assignment: str, katas: list[Kata]):
         raise FileExistsError(f"{', '.join(map(str, taken))} already exist(s): they may hold your edits, "
                               "so nothing was written. Choose another course folder or assignment.")
     source.mkdir(parents=True, exist_ok=True)
-    config.write_text(CONFIG.format(course=course.resolve().name), encoding="utf-8")
+    text = CONFIG.format(course=course.resolve().name)
+    own = sorted({str(k.dir.parent) for k in katas if k.folder})
+    if own:   # nbgrader's commands load the kit through this file: they find the course's own katas so
+        text = COURSE_KATAS.format(dirs=os.pathsep.join(own)) + text
+    config.write_text(text, encoding="utf-8")
     for kata, target in zip(katas, targets):
         target.write_text(json.dumps(course_notebook(kata), indent=1) + "\n", encoding="utf-8")
     return targets

@@ -6,9 +6,9 @@ root holds ``setup.sh``, run once as root when Gradescope builds the grading ima
 ``/autograder/submission``; it must leave ``/autograder/results/results.json``. The whole zip is
 unpacked into ``/autograder/source``. Ours adds a wheel of this kit, made at zip time (built from
 the checkout, or packed again from a normal install) so that the image grades with exactly the kit
-the instructor has, and ``config.json``
-(which katas, which torch). ``$KATA_AUTOGRADER_ROOT`` replaces ``/autograder`` in both scripts,
-so that a test runs them end to end on a temporary tree.
+the instructor has, ``config.json`` (which katas, which torch) and, under ``katas/``, the folders
+of a course's own katas. ``$KATA_AUTOGRADER_ROOT`` replaces ``/autograder`` in both scripts, so
+that a test runs them end to end on a temporary tree.
 """
 from __future__ import annotations
 
@@ -133,9 +133,21 @@ echo "Files submitted:"
 (cd "$work/submissions/$learner" && find . -type f | LC_ALL=C sort | cat -v)
 # The class's secret and policy: every re-run of a submission draws the same inputs.
 mkdir -p "$work/out/.kata" && cp "$root/source/class.json" "$work/out/.kata/class.json"
+# When Gradescope took the submission: what a due date in the class file is judged against.
+"$root/venv/bin/python" - "$root/submission_metadata.json" "$learner" > "$work/out/submitted.csv" <<'PY' \
+    || rm -f "$work/out/submitted.csv"
+import datetime, json, sys
+with open(sys.argv[1], encoding="utf-8") as f:
+    created = datetime.datetime.fromisoformat(json.load(f)["created_at"])
+print(f"learner,submitted\n{sys.argv[2]},{created.isoformat()}")
+PY
 
 # --container: this container is thrown away after grading; where its seccomp profile refuses
 # bwrap's namespaces, learner code runs as an unprivileged user of the container instead.
+# The course's own katas travel in the zip, beside the kit's wheel (root-only, as the rest of source/).
+if [ -d "$root/source/katas" ]; then
+    export KATA_KATAS_DIR="$root/source/katas"
+fi
 "$root/venv/bin/kata" grade "$work/submissions" --out "$work/out" --katas "$katas" --container
 status=$?
 [ -f "$work/out/summary.md" ] && cat "$work/out/summary.md"   # the autograder's output: instructors only
@@ -231,6 +243,16 @@ def _add(zf: zipfile.ZipFile, name: str, data: str | bytes, mode: int):
     zf.writestr(info, data)
 
 
+def course_katas(katas: list[Kata]) -> dict[str, Path]:
+    """{name in the zip: file} for the course's own katas among ``katas``: each folder whole, its
+    reference included (the autograder grades with it; source/ is root-only while grading), but
+    for a run's history (.kata/) and compiled caches."""
+    return {f"katas/{kata.dir.name}/{path.relative_to(kata.dir).as_posix()}": path
+            for kata in katas if kata.folder for path in sorted(kata.dir.rglob("*"))
+            if path.is_file() and not any(part.startswith(".") or part == "__pycache__"
+                                          for part in path.relative_to(kata.dir).parts)}
+
+
 def build(out: Path, katas: list[Kata], rules: ClassRules) -> dict:
     """Write the autograder zip to ``out`` (atomically); returns what went in it. ``rules`` (the
     class's secret and policy) travel as class.json: every re-run of a submission draws the
@@ -247,5 +269,7 @@ def build(out: Path, katas: list[Kata], rules: ClassRules) -> dict:
             _add(zf, "config.json", json.dumps(config, indent=2) + "\n", 0o644)
             _add(zf, "class.json", rules.to_json(), 0o600)
             _add(zf, wheel.name, wheel.read_bytes(), 0o644)
+            for name, path in course_katas(katas).items():
+                _add(zf, name, path.read_bytes(), 0o644)
         os.replace(partial, out)
     return {**config, "wheel": wheel.name, "size": out.stat().st_size}

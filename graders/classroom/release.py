@@ -87,10 +87,16 @@ def build(out: Path, katas: list[Kata], *, seed: int, withhold_fixes: bool = Fal
 ANSWERS = ("reference", "bugs", "expected", "hidden")   # the roles of a kata's files that hold answers
 
 
+def _in_bundle(kata: Kata, path: Path) -> Path:
+    """Where one of ``kata``'s files lies in a bundle: where the kit keeps it, or in katas/<slug>/
+    for a course's own kata."""
+    return Path("katas", kata.dir.name, path.name) if kata.folder else path.relative_to(ROOT)
+
+
 def answers_in(root: Path) -> list[str]:
     """Paths under ``root`` that a bundle must not hold: the reference package, and any kata's
     answers (its reference, bug oracles, expected values, hidden checks) where the kit keeps them."""
-    answers = {kata.files[role].relative_to(ROOT) for kata in all_katas() for role in ANSWERS}
+    answers = {_in_bundle(kata, kata.files[role]) for kata in all_katas() for role in ANSWERS}
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")
                   if p.name == "reference" or p.relative_to(root) in answers)
 
@@ -110,10 +116,13 @@ def _copy_kit(out: Path, katas: list[Kata]):
         shutil.copy2(ROOT / "katas" / "__init__.py", out / "katas" / "__init__.py")
     shutil.copy2(MISTAKES, out / "katas" / MISTAKES.name)   # the explanations of shared mistakes
     for kata in katas:
-        shutil.copy2(kata.grader_path, out / "graders" / kata.grader_path.name)
-        # The kata's folder but its record of `kata lint --deep`, which is about the kit's own tests.
+        # The kata's folder but its record of `kata lint --deep`, which is about the kit's own tests,
+        # and, for a course's own kata, the answers it keeps there (its grader stays beside them).
+        left_out = [*(kata.files[role].name for role in ANSWERS), ".*"] if kata.folder else []   # .*: a run's .kata
         shutil.copytree(kata.dir, out / "katas" / kata.dir.name,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", kata.files["record"].name))
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", kata.files["record"].name, *left_out))
+        if not kata.folder:
+            shutil.copy2(kata.grader_path, out / "graders" / kata.grader_path.name)
 
 
 WITHHELD = "Withheld: this course grades the kata, and your instructor's feedback comes with the grades."

@@ -34,8 +34,10 @@ class CheckFailed(AssertionError):
         self.output = output
 
     def details(self) -> list[tuple[str, str]]:
-        return [(label, value) for label, value in (("call", self.call), ("case", self.case),
-                                                    ("got", self.got), ("expected", self.expected)) if value]
+        """The labelled lines: every field given, a falsy value too (``expected=0.0``, ``got=()``)."""
+        return [(label, str(value)) for label, value in (("call", self.call), ("case", self.case),
+                                                         ("got", self.got), ("expected", self.expected))
+                if value is not None and value != ""]
 
     def text(self) -> str:
         return "\n".join([self.message, *(f"{label}: {value}" for label, value in self.details())])

@@ -34,6 +34,10 @@ Format 1, every key::
 from __future__ import annotations
 
 import difflib
+import importlib
+import importlib.util
+import os
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
@@ -120,6 +124,7 @@ class Kata:
     diagnoses: dict = field(default_factory=dict)
     followups: tuple[questions.Question, ...] = ()
     paths: dict = field(default_factory=dict)   # files out of their usual place, by role (see ``files``)
+    folder: bool = False   # a course's own kata: every file of it in its folder (see ``files``)
 
     @property
     def module(self) -> str:
@@ -134,8 +139,17 @@ class Kata:
         ``reference``, ``bugs`` (its bug oracles), ``expected`` (expected values a grader writes
         out by hand; optional). In ``graders/``, the checks: ``grader`` and ``hidden``. In
         ``tests/``, the kata's own tests (``tests``) and its style ``zoo`` (a folder). A student
-        bundle holds only the learner's files and the grader. ``paths`` moves any of them."""
+        bundle holds only the learner's files and the grader. ``paths`` moves any of them.
+
+        A course's own kata (``folder``, written outside the kit: docs/teaching.md, "An exercise of
+        your own") keeps them all in its folder: reference.py, bugs.py, expected.py, grader.py,
+        hidden.py beside its manifest."""
         m = self.module
+        if self.folder:
+            named = {role: self.dir / f"{role}.py" for role in ("reference", "bugs", "expected", "grader", "hidden")}
+            return {"manifest": self.dir / "kata.toml", "readme": self.dir / self.readme_file,
+                    "stub": self.dir / self.stub_file, "record": self.dir / "lint.json", **named,
+                    "tests": self.dir / "tests.py", "zoo": self.dir / "zoo", **self.paths}
         return {"manifest": self.dir / "kata.toml", "readme": self.dir / self.readme_file,
                 "stub": self.dir / self.stub_file, "record": self.dir / "lint.json",
                 "reference": ROOT / "reference" / f"{m}.py", "bugs": ROOT / "reference" / f"{m}_bugs.py",
@@ -145,8 +159,28 @@ class Kata:
                 **self.paths}
 
     def module_of(self, role: str) -> str:
-        """The dotted module name of one of the kata's Python files (``reference.mha_bugs``)."""
+        """The dotted module name of one of the kata's Python files (``reference.mha_bugs``); a
+        course's own kata's files have names of their own (``_kata_dot_product_reference``)."""
+        if self.folder:
+            return f"_kata_{self.module}_{role}"
         return ".".join(self.files[role].relative_to(ROOT).with_suffix("").parts)
+
+    def load(self, role: str):
+        """The module of one of the kata's Python files, imported once a process: by its name in
+        the kit, from its file for a course's own kata (whose folder is no package)."""
+        name = self.module_of(role)
+        if not self.folder:
+            return importlib.import_module(name)
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, self.files[role])
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+        return sys.modules[name]
 
     @property
     def stub_path(self) -> Path:
@@ -354,6 +388,7 @@ def parse(path: Path) -> Kata:
         builds_on=builds_on,
         diagnoses=diagnoses,
         followups=tuple(followups),
+        folder=(path.parent / "grader.py").is_file(),
     )
 
 
@@ -378,15 +413,31 @@ def mistakes(path: Path = MISTAKES) -> dict[str, Mistake]:
     return found
 
 
+COURSE_KATAS = "KATA_KATAS_DIR"   # folders of a course's own katas (os.pathsep between), as `kata --katas-dir` sets
+
+
+def course_dirs() -> tuple[Path, ...]:
+    """The folders of a course's own katas: ``$KATA_KATAS_DIR``, each holding ``<slug>/kata.toml``."""
+    return tuple(Path(p).resolve() for p in os.environ.get(COURSE_KATAS, "").split(os.pathsep) if p)
+
+
+def katas(root: Path | None = None) -> tuple[Kata, ...]:
+    """Every kata, in order: the kit's (those of ``root`` when given) and a course's own
+    (``course_dirs``). A broken manifest raises ManifestError naming the file."""
+    return _katas((root,) if root is not None else (KATAS_DIR, *course_dirs()))
+
+
 @cache
-def katas(root: Path = KATAS_DIR) -> tuple[Kata, ...]:
-    """Every kata, in order. A broken manifest raises ManifestError naming the file."""
-    found = [parse(p) for p in sorted(root.glob("*/kata.toml"))]
-    seen = {}
+def _katas(roots: tuple[Path, ...]) -> tuple[Kata, ...]:
+    found = [parse(p) for root in roots for p in sorted(root.glob("*/kata.toml"))]
+    orders, slugs = {}, {}
     for kata in found:
-        if kata.order in seen:
-            raise ManifestError(f"{kata.dir / 'kata.toml'}: order = {kata.order} is also used by {seen[kata.order]!r}.")
-        seen[kata.order] = kata.slug
+        if kata.order in orders:
+            raise ManifestError(f"{kata.dir / 'kata.toml'}: order = {kata.order} is also used by "
+                                f"{orders[kata.order]!r}.")
+        if kata.slug in slugs:
+            raise ManifestError(f"{kata.dir / 'kata.toml'}: slug {kata.slug!r} is also the kata in {slugs[kata.slug]}.")
+        orders[kata.order], slugs[kata.slug] = kata.slug, kata.dir
     return tuple(sorted(found, key=lambda k: k.order))
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .manifest import Kata
+from .manifest import KATAS_DIR, Kata
 
 MARKS = {"passed": ("✓", "green"), "failed": ("✗", "red"), "error": ("!", "red"), "skipped": ("-", "yellow")}
 LABELS = ("call", "case", "got", "expected")
@@ -28,7 +28,9 @@ def replay(kata: Kata, seed: int, file: Path | None = None) -> str:
     """The command that grades again with the same inputs: the file named where it is not the
     workspace's own (an interview's, a notebook, a scratch file)."""
     named = f" --file {shlex.quote(str(file))}" if file is not None else ""
-    return f"kata check {kata.slug}{named} --seed {seed}"
+    own = kata.dir.parent != KATAS_DIR   # a course's own kata, outside the kit (or a student bundle)
+    course = f" --katas-dir {shlex.quote(str(kata.dir.parent))}" if own else ""
+    return f"kata{course} check {kata.slug}{named} --seed {seed}"
 
 
 def graded_cells(result: dict) -> str | None:

@@ -313,7 +313,9 @@ def _run_pytest(kata: Kata, gradings: list[Grading], plugins=(), **run) -> None:
                             # these two end every run with gc.collect(): a third of a small grader's time
                             "-p", "no:unraisableexception", "-p", "no:threadexception",
                             *(arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")),
-                            "--noconftest", "-c", os.devnull, "--assert=plain", "--rootdir", str(ROOT / "graders")],
+                            "--noconftest", "-c", os.devnull, "--assert=plain", "--rootdir", str(ROOT / "graders"),
+                            # A course's own katas each have a grader.py: imported by path, never by that name.
+                            *(["--import-mode=importlib"] if kata.folder else [])],
                            plugins=[plugin, fixtures, *plugins])
     finally:
         os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)

@@ -161,13 +161,15 @@ def unreadable_for(uid: int) -> list[str]:
 def kit_files() -> list[Path]:
     """The kit's own files, which no sandbox may read: its folders (references, graders,
     manifests) and all they hold, cli.py, what its distribution installed (RECORD: compiled
-    copies, metadata, the `kata` script) and, in a checkout, its .git and build/ folders."""
+    copies, metadata, the `kata` script) and, in a checkout, its .git and build/ folders; and
+    the folders of a course's own katas (their references beside their manifests)."""
     import importlib.metadata
 
-    from .manifest import ROOT
+    from .manifest import ROOT, course_dirs
 
     files = [path for top in ("reference", "graders", "katas") if (ROOT / top).is_dir()
              for path in [ROOT / top, *(ROOT / top).rglob("*")]]
+    files += [path for folder in course_dirs() if folder.is_dir() for path in [folder, *folder.rglob("*")]]
     files += [ROOT / "cli.py", *ROOT.glob("__pycache__/cli.*.pyc")]
     if (ROOT / "pyproject.toml").is_file():   # a checkout (ROOT is site-packages once installed)
         files += [ROOT / ".git", ROOT / "build"]
