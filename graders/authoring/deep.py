@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..engine.manifest import Kata
 from ..engine.oracles import Bugs, code_of
-from ..engine.runner import grade_seeds
+from ..engine.runner import grade_files, grade_seeds
 from ..engine.sandbox import Zygote
 from ..engine.structure import TAMPERING, TAMPERING_PROBE
 from . import cases, lint
@@ -225,14 +225,22 @@ def record_problems(kata: Kata) -> list[str]:
     return said
 
 
-def regrade(kata: Kata, subject: Subject, *, folder: Path, zygote: Zygote | None = None) -> tuple[list[str], dict]:
-    """Grade ``subject`` at its sampled seed: what the result breaks of its rule and, where the
-    record vouches for the kata, how it differs from the record's entry (empty: nothing); and the
-    result."""
-    seed = sampled_seed(kata, subject)
-    path = folder / kata.learner_file
-    path.write_text(subject.source(kata), encoding="utf-8")
-    result = grade_seeds(kata, path, [seed], device="cpu", zygote=zygote)[0]
+def regrade(kata: Kata, chosen: list[Subject], *, folder: Path, zygote: Zygote | None = None) -> list[tuple[list[str], dict]]:
+    """Grade each of ``chosen`` at its sampled seed, all in one pytest session: what each result
+    breaks of its rule and, where the record vouches for the kata, how it differs from the
+    record's entry (empty: nothing); and the result."""
+    runs = []
+    for i, subject in enumerate(chosen):
+        path = folder / str(i) / kata.learner_file
+        path.parent.mkdir(parents=True)
+        path.write_text(subject.source(kata), encoding="utf-8")
+        runs.append((path, sampled_seed(kata, subject)))
+    results = grade_files(kata, runs, device="cpu", zygote=zygote)
+    return [(_against_record(kata, subject, seed, result), result)
+            for subject, (_, seed), result in zip(chosen, runs, results)]
+
+
+def _against_record(kata: Kata, subject: Subject, seed: int, result: dict) -> list[str]:
     got = summary(result)
     said = problems(kata, Subject(subject.name, subject.rule, (seed,), subject.code), [got])
     if not record_problems(kata):
@@ -241,7 +249,7 @@ def regrade(kata: Kata, subject: Subject, *, folder: Path, zygote: Zygote | None
             said.append(f"graded at seed {seed}, {subject.name} gives {_grade(got)}, where "
                         f"{kata.files['record'].name} records {_grade(recorded)}: the kit no longer grades the "
                         f"kata as recorded; if that is meant, run `{command(kata)}` and commit the record")
-    return said, result
+    return said
 
 
 def sampled_seed(kata: Kata, subject: Subject) -> int:

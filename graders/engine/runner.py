@@ -182,23 +182,36 @@ class Grading:
         self._stack.close()
 
 
-def _grade(kata: Kata, file: Path, seeds: list[tuple[int, int | None]], *, device: str, zygote: Zygote | None,
-           record: Store | None = None, trace=None, sandbox=None, plugins=()) -> list[dict]:
-    """Grade ``file`` at each (seed, hidden_seed) of ``seeds`` in one pytest session. ``sandbox``
-    makes each grading's sandbox (a context manager), ``sandbox_for``'s by default; ``plugins``
-    join the session beside the grading plugin."""
-    sandbox = sandbox or (lambda: sandbox_for(kata, file, device=device, zygote=zygote))
+def grade_files(kata: Kata, runs: list[tuple[Path, int]], *, device: str = "auto",
+                zygote: Zygote | None = None) -> list[dict]:
+    """``grade(kata, file, seed=s, hidden_seed=s)`` for each (file, s) of ``runs``, in one pytest
+    session, as ``grade_seeds`` does for one file: each in a sandbox of its own."""
+    return _grade(kata, None, [(seed, seed) for _, seed in runs], device=device, zygote=zygote,
+                  files=[Path(file) for file, _ in runs])
+
+
+def _grade(kata: Kata, file: Path | None, seeds: list[tuple[int, int | None]], *, device: str,
+           zygote: Zygote | None, record: Store | None = None, trace=None, sandbox=None, plugins=(),
+           files: list[Path] | None = None) -> list[dict]:
+    """Grade ``file`` (or each of ``files``, one per item of ``seeds``) at each (seed, hidden_seed)
+    of ``seeds`` in one pytest session. ``sandbox`` makes each grading's sandbox (a context
+    manager), ``sandbox_for``'s by default; ``plugins`` join the session beside the grading plugin."""
+    files = files or [file] * len(seeds)
+
+    def own(graded: Path):
+        return sandbox or (lambda: sandbox_for(kata, graded, device=device, zygote=zygote))
+
     recorded = bundle.recording(kata)
     if recorded is not None:
         info, store = recorded
         if any(seed != info["seed"] for seed, _ in seeds):
             raise RunnerError(f"This student bundle recorded the expected values of {kata.slug} at seed "
                               f"{info['seed']}: check with that seed (the default here).")
-        gradings = [Grading(seed, None, Book(replay=store), sandbox) for seed, _ in seeds]
+        gradings = [Grading(seed, None, Book(replay=store), own(graded)) for (seed, _), graded in zip(seeds, files)]
     else:
         info = None
-        gradings = [Grading(seed, new_seed() if hidden_seed is None else hidden_seed, Book(record=record), sandbox)
-                    for seed, hidden_seed in seeds]
+        gradings = [Grading(seed, new_seed() if hidden_seed is None else hidden_seed, Book(record=record),
+                            own(graded)) for (seed, hidden_seed), graded in zip(seeds, files)]
     try:
         gradings[0].start()
         resolved = resolve_device(kata, device)
@@ -206,7 +219,7 @@ def _grade(kata: Kata, file: Path, seeds: list[tuple[int, int | None]], *, devic
     finally:
         for grading in gradings:
             grading.close()
-    return [_result(kata, file, grading, resolved, info) for grading in gradings]
+    return [_result(kata, graded, grading, resolved, info) for graded, grading in zip(files, gradings)]
 
 
 def _one_cause(kata: Kata, checks: list[dict]) -> list[dict]:
