@@ -225,7 +225,8 @@ def record_problems(kata: Kata) -> list[str]:
     return said
 
 
-def regrade(kata: Kata, chosen: list[Subject], *, folder: Path, zygote: Zygote | None = None) -> list[tuple[list[str], dict]]:
+def regrade(kata: Kata, chosen: list[Subject], *, folder: Path,
+            zygote: Zygote | None = None) -> list[tuple[list[str], dict]]:
     """Grade each of ``chosen`` at its sampled seed, all in one pytest session: what each result
     breaks of its rule and, where the record vouches for the kata, how it differs from the
     record's entry (empty: nothing); and the result."""
