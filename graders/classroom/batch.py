@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import re
 import signal
+import stat
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
@@ -263,17 +264,28 @@ def read_submitted(path: Path, learners: list[str]) -> dict[str, datetime.dateti
     return found
 
 
+def submission_file(folder: Path, name: str) -> str | None:
+    """``name`` in a learner's folder (what nbgrader submit writes there: timestamp.txt ...), when it
+    is a small regular file (never a link) of UTF-8 text."""
+    path = folder / name
+    try:
+        found = path.lstat()
+        if not stat.S_ISREG(found.st_mode) or found.st_size > 1024:
+            return None
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def submitted_at(folder: Path, files: list[Path], listed: datetime.datetime | None) -> Submitted | None:
     """When a learner handed work in: the course's own record (OUT/submitted.csv), else the
     timestamp.txt nbgrader's submit wrote in their folder, else the newest time of their files
     graded (a time a learner's zip can set: the instructor's to judge, as grades.csv names it)."""
     if listed is not None:
         return Submitted(listed, SUBMITTED)
-    stamp = folder / TIMESTAMP
-    if stamp.is_file() and not stamp.is_symlink() and stamp.stat().st_size < 1024:
-        when = _when(stamp.read_text(encoding="utf-8", errors="replace"))
-        if when is not None:
-            return Submitted(when, TIMESTAMP)
+    when = _when(submission_file(folder, TIMESTAMP) or "")
+    if when is not None:
+        return Submitted(when, TIMESTAMP)
     times = [f.lstat().st_mtime for f in files if f.is_file()]
     return Submitted(datetime.datetime.fromtimestamp(max(times), datetime.timezone.utc), "file time") if times else None
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import stat
 import tempfile
 import warnings
 from pathlib import Path
@@ -32,7 +31,7 @@ from ..engine.report import graded_cells
 from ..engine.untrusted import read_capped, too_large
 from ..practice.notebook import MAX_NOTEBOOK_BYTES, cell, document, marker, solution_source
 from . import rules
-from .batch import learner_folders, linked_out
+from .batch import TIMESTAMP, learner_folders, linked_out, submission_file
 
 CONFIG = '''c = get_config()  # noqa: F821  (nbgrader's config file)
 c.CourseDirectory.course_id = {course!r}
@@ -140,19 +139,7 @@ def _copy_graded(notebook: Path, student: Path, to: Path) -> str:
         raise ValueError(f"Your notebook was not graded: {str(exc).replace(str(to), notebook.name)}") from None
 
 
-SUBMISSION_FILES = ("timestamp.txt", "submission_secret.txt")   # what nbgrader submit writes beside the notebooks
-
-
-def _submission_file(folder: Path, name: str) -> str | None:
-    """``name`` in a student's submitted folder, when it is a small regular file (never a link)."""
-    path = folder / name
-    try:
-        found = path.lstat()
-        if not stat.S_ISREG(found.st_mode) or found.st_size > 1024:
-            return None
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
+SUBMISSION_FILES = (TIMESTAMP, "submission_secret.txt")   # what nbgrader submit writes beside the notebooks
 
 
 def _timestamp(text: str | None):
@@ -301,7 +288,7 @@ def autograde(course: Path, assignment: str, katas: list[Kata], *, jobs: int, sa
                         force=force) as (run, sources):
         run.run(run.todo(), progress)
         graded = run.results()
-        submitted = {student: {name: _submission_file(course / "submitted" / student / assignment, name)
+        submitted = {student: {name: submission_file(course / "submitted" / student / assignment, name)
                                for name in SUBMISSION_FILES} for student in graded}
         with warnings.catch_warnings(), Gradebook(db_url) as gb:
             warnings.filterwarnings("ignore", module="nbgrader")   # its SQLAlchemy models warn on first use

@@ -19,9 +19,9 @@ from nbgrader.utils import ignore_patterns
 
 from ..engine.manifest import katas
 from ..practice.notebook import stub_cell
+from .batch import TIMESTAMP   # when nbgrader submit sent the submission, read by nbgrader collect --update
 from .course import solution_id
 
-TIMESTAMP = "timestamp.txt"   # when nbgrader submit sent the submission, read by nbgrader collect --update
 
 
 class KataSolutions(ClearSolutions):
