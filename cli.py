@@ -115,6 +115,13 @@ def _no_sandbox_option(command):
                              "result and summary.md say so).")(command)
 
 
+def _jobs_option(what: str):
+    return click.option("-j", "--jobs", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)),
+                        envvar="KATA_JOBS", show_envvar=True, show_default="the number of CPUs",
+                        help=f"{what} graded at the same time, each process with a Python and a torch of its "
+                             f"own (on a machine shared with other work, fewer).")
+
+
 def _container_option(command):
     return click.option("--container", is_flag=True,
                         help="This is a throwaway grading container (Gradescope's autograder passes it): use "
@@ -674,8 +681,7 @@ def nbgrader_init(course, assignment, kata_names):
 @click.argument("assignment")
 @click.option("--katas", "kata_names", multiple=True, metavar="KATA[,KATA...]",
               help="Only these katas (comma-separated or repeated); by default every kata the assignment holds.")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)),
-              show_default="the number of CPUs", help="Notebooks graded at the same time.")
+@_jobs_option("Notebooks")
 @click.option("--force", is_flag=True, help="Grade every notebook again, even those graded already.")
 @click.option("--replay", is_flag=True,
               help="Grade every notebook again at its recorded seeds, saving nothing, and say whether each "
@@ -745,8 +751,7 @@ def _kata_list(values: tuple[str, ...]) -> list[Kata]:
 @click.option("--katas", "kata_names", multiple=True, metavar="KATA[,KATA...]",
               help="The class's katas (comma-separated or repeated), kept in OUT's class file for later runs; "
                    "by default those the last run into OUT was given, else all.")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)),
-              show_default="the number of CPUs", help="Pairs graded at the same time.")
+@_jobs_option("Pairs")
 @click.option("--force", is_flag=True, help="Grade again pairs that are already graded and unchanged.")
 @click.option("--learners", "learner_names", multiple=True, metavar="NAME[,NAME...]",
               help="Grade only these learners (comma-separated or repeated); the class files still cover "

@@ -105,6 +105,9 @@ def pytest_configure(config):
         # against each other (twice as slow as one process). One each, and for the `kata` commands
         # a worker starts, as `kata grade` keeps its grading processes.
         os.environ["OMP_NUM_THREADS"] = "1"
+        # For the same reason a `kata grade` grades in one process unless a test asks for more (-j):
+        # each process it adds pays its own Python, torch and sandbox start, for no time won.
+        os.environ["KATA_JOBS"] = "1"
         if "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(1)
 

@@ -3,9 +3,10 @@
 The rules that read a kata's files run here as they are (lint.RULES). The graded rules were
 proven by `kata lint --deep` at every seed of deep.SEEDS and recorded beside the kata's manifest
 with its fingerprint. Here the record must match the kata's files and say every rule held, and
-each subject it graded (the reference, the stub, the tampering probe, every bug oracle, every file
-of the style zoo) is graded again, at one of its recorded seeds, and must keep its rule and give
-exactly what the record says. test_cases.py proves at every seed that the checks' case structure
+the subjects it graded are graded again, at one of their recorded seeds, and must keep their rule
+and give exactly what the record says: the reference, the stub, the tampering probe and every bug
+oracle at every run, and a third of the style zoo, drawn anew at each change of the kata or of the
+engine (deep.regraded). test_cases.py proves at every seed that the checks' case structure
 does not depend on it: why one seed stands for twenty."""
 import dataclasses
 import json
@@ -13,7 +14,7 @@ import shutil
 
 import pytest
 
-from graders.authoring.deep import GRADED, changed_since, content, record_problems, regrade, subjects
+from graders.authoring.deep import GRADED, changed_since, content, record_problems, regrade, regraded, subjects
 from graders.authoring.lint import RULES, check_checks_table, check_citations, check_hints, check_learner_words
 from graders.engine.manifest import ROOT, find, katas
 from graders.engine.structure import TAMPERING
@@ -36,11 +37,12 @@ def test_the_record_vouches_for_the_kata(slug):
 
 @pytest.mark.parametrize("slug", KATAS)
 def test_the_recorded_gradings_hold(slug, tmp_path, zygotes):
-    """Every subject of the record graded at one of its recorded seeds keeps its rule and gives
-    what the record says (when the record is current: otherwise the test above fails, naming the
-    command). One pytest session grades them all, each in a sandbox of its own."""
+    """The subjects of the record the suite grades again (deep.regraded), each at one of its
+    recorded seeds, keep their rule and give what the record says (when the record is current:
+    otherwise the test above fails, naming the command). One pytest session grades them all, each in
+    a sandbox of its own."""
     kata = find(slug)
-    chosen = subjects(kata)
+    chosen = regraded(kata)
     wrong = []
     for subject, (said, result) in zip(chosen, regrade(kata, chosen, folder=tmp_path, zygote=zygotes(kata.framework))):
         failed = [f"{c['id']}: {c['message']}" for c in result["checks"] if c["status"] != "passed"]
@@ -158,3 +160,21 @@ def test_a_citation_of_the_authors_pages_is_found(tmp_path):
     readme.write_text(readme.read_text() + "\nThe tolerances are those of KATAS.md §1.\n")
     ok, what = check_citations(dataclasses.replace(kata, dir=tmp_path / "softmax"))
     assert not ok and what.startswith("README.md cites KATAS.md")
+
+
+def test_the_suite_grades_every_oracle_again_and_a_share_of_the_zoo_drawn_anew_when_the_engine_changes(
+        tmp_path, monkeypatch):
+    from graders.authoring import deep
+
+    kata = find("causal-mask")
+    every, chosen = subjects(kata), regraded(kata)
+    assert [s for s in every if not s.name.startswith("zoo ")] == [s for s in chosen if not s.name.startswith("zoo ")]
+    for rule in ("zoo-solutions", "zoo-bugs"):
+        of_rule = [s for s in every if s.rule == rule]
+        assert len(of_rule) > deep.ZOO_SHARE
+        assert len([s for s in chosen if s.rule == rule]) == -(-len(of_rule) // deep.ZOO_SHARE)
+    engine = tmp_path / "engine"
+    shutil.copytree(deep.ENGINE, engine, ignore=shutil.ignore_patterns("__pycache__"))
+    (engine / "expect.py").write_text((engine / "expect.py").read_text() + "\n# a change\n")
+    monkeypatch.setattr(deep, "ENGINE", engine)
+    assert regraded(kata) != chosen
