@@ -1,7 +1,9 @@
 """`kata grade` end to end: a generated class graded by the installed command in a subprocess."""
+import concurrent.futures as futures
 import contextlib
 import csv
 import json
+import multiprocessing
 import os
 import re
 import select
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from graders.classroom.batch import _init_process
 from graders.engine.manifest import ROOT, find, katas
 
 from conftest import needs_bwrap
@@ -215,6 +218,29 @@ def test_a_run_with_nobody_to_grade_leaves_out_as_it_was(graded, tmp_path):
     unknown = kata_grade(subs, tmp_path / "out", "--learners", "zoe")
     assert unknown.returncode == 2 and "no learner folder zoe" in unknown.stderr
     assert not (tmp_path / "out").exists()   # no class secret made for a run that graded nobody
+
+
+def test_kata_jobs_is_read_and_checked_as_the_jobs_option_is(graded, tmp_path):
+    subs, _, _ = graded
+    refused = kata_grade(subs, tmp_path / "out", env={**os.environ, "KATA_JOBS": "0"})
+    assert refused.returncode == 2 and "(env var: 'KATA_JOBS'): 0 is not in the range x>=1" in refused.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def _torch_imported_by_grading(file: str) -> tuple[float, bool]:
+    from graders.classroom.batch import _grade_in_process
+
+    result = _grade_in_process("softmax", file, (1, 2), "cpu", "bwrap")
+    return result["score"], "torch" in sys.modules
+
+
+def test_a_grading_process_imports_torch_only_for_a_torch_kata(tmp_path):
+    """An `import torch` costs a grading process seconds: a class of NumPy katas never pays it."""
+    file = tmp_path / "softmax.py"
+    file.write_text((REFERENCE / "softmax.py").read_text())
+    with futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_init_process) as pool:
+        assert pool.submit(_torch_imported_by_grading, str(file)).result() == (find("softmax").max_score, False)
 
 
 def test_the_class_files_cover_the_katas_given_and_later_runs_keep_them(tmp_path):
