@@ -118,8 +118,8 @@ def _no_sandbox_option(command):
 def _jobs_option(what: str):
     return click.option("-j", "--jobs", type=click.IntRange(min=1), default=len(os.sched_getaffinity(0)),
                         envvar="KATA_JOBS", show_envvar=True, show_default="the number of CPUs",
-                        help=f"{what} graded at the same time, each process with a Python and a torch of its "
-                             f"own (on a machine shared with other work, fewer).")
+                        help=f"{what} graded at the same time, each process with a Python of its own, and a "
+                             f"torch for torch katas (on a machine shared with other work, fewer).")
 
 
 def _container_option(command):

@@ -553,9 +553,9 @@ def test_a_class_in_every_submission_form_gets_the_same_grades_from_kata_grade_a
     kata, nothing), right and buggy code; `kata grade` and the Gradescope autograder both give
     each the total its checks add up to, and say which file they graded (the autograder, a run
     per submission, for the five whose files differ in kind: a notebook, copies, a folder, two
-    candidates, nothing). Each kata's file in
-    each form is some learner's; a class of every file right under the expected names is
-    test_reference_submission_gets_full_marks's submission (and test_batch's alice)."""
+    candidates, nothing). Each kata's file in each form is some learner's; a class of every file
+    right under the expected names is test_reference_submission_gets_full_marks's submission (and
+    test_batch's alice)."""
     softmax, mask = KATAS
     ref_softmax, ref_mask = softmax.reference_path.read_text(), mask.reference_path.read_text()
     # Query i sees keys 0..i (is_causal=True's alignment): wrong for every rectangular mask, whose

@@ -213,7 +213,8 @@ def test_a_collective_one_rank_never_joins_names_that_rank_from_the_ranks_own_re
 
     ranks = ranks_of(2)
     # The wait is measured: its 3 s timeout, and a tenth or two more on a busy machine.
-    with pytest.raises(CollectiveNotJoined, match=r"Rank 1 never called all_reduce \(rank 0 waited 3\.\d s\)") as caught:
+    said = r"Rank 1 never called all_reduce \(rank 0 waited 3\.\d s\)"
+    with pytest.raises(CollectiveNotJoined, match=said) as caught:
         ranks.each(lambda r, learner: learner.skips_on_one(torch.ones(2)))
     assert caught.value.rank == 1 and "/gloo/" not in caught.value.message
     assert ranks.group.left_waiting and not ranks.group.running

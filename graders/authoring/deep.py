@@ -265,7 +265,7 @@ def regraded(kata: Kata) -> list[Subject]:
     one in ZOO_SHARE each (at least one). The zoo's share is drawn from the fingerprint of the kata and
     of the engine that grades it, so that a change of either draws another: every file of the zoo
     is graded at every seed by `kata lint --deep`, and again by the suite over a few changes."""
-    engine = {shown(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(ENGINE.glob("*.py"))}
+    engine = {f"engine/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(ENGINE.glob("*.py"))}
     key = fingerprint({**content(kata), **engine})
     draw = lambda s: hashlib.sha256(f"{key} {s.name}".encode()).hexdigest()
     chosen = {s.name for s in subjects(kata) if not s.name.startswith("zoo ")}
@@ -277,7 +277,8 @@ def regraded(kata: Kata) -> list[Subject]:
 
 def sampled_seed(kata: Kata, subject: Subject) -> int:
     """The seed the suite grades ``subject`` at: one of its recorded seeds, chosen by the kata's
-    content, so that each run re-grades one entry of every subject and a new content another."""
+    content, so that each run re-grades one entry of each subject it grades and a new content
+    another."""
     key = f"{fingerprint(content(kata))} {subject.name}".encode()
     return subject.seeds[int(hashlib.sha256(key).hexdigest(), 16) % len(subject.seeds)]
 
