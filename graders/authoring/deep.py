@@ -238,15 +238,16 @@ def regrade(kata: Kata, chosen: list[Subject], *, folder: Path,
         path.write_text(subject.source(kata), encoding="utf-8")
         runs.append((path, sampled_seed(kata, subject)))
     results = grade_files(kata, runs, device="cpu", zygote=zygote)
-    return [(_against_record(kata, subject, seed, result), result)
+    record = None if record_problems(kata) else read_record(kata)   # read once for the whole batch
+    return [(_against_record(kata, subject, seed, result, record), result)
             for subject, (_, seed), result in zip(chosen, runs, results)]
 
 
-def _against_record(kata: Kata, subject: Subject, seed: int, result: dict) -> list[str]:
+def _against_record(kata: Kata, subject: Subject, seed: int, result: dict, record: dict | None) -> list[str]:
     got = summary(result)
     said = problems(kata, Subject(subject.name, subject.rule, (seed,), subject.code), [got])
-    if not record_problems(kata):
-        recorded = read_record(kata)["subjects"][subject.name]["result"]
+    if record is not None:   # the record vouches for the kata: the result must be its entry
+        recorded = record["subjects"][subject.name]["result"]
         if got != recorded:
             said.append(f"graded at seed {seed}, {subject.name} gives {_grade(got)}, where "
                         f"{kata.files['record'].name} records {_grade(recorded)}: the kit no longer grades the "
@@ -268,11 +269,12 @@ def regraded(kata: Kata) -> list[Subject]:
     engine = {f"engine/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(ENGINE.glob("*.py"))}
     key = fingerprint({**content(kata), **engine})
     draw = lambda s: hashlib.sha256(f"{key} {s.name}".encode()).hexdigest()
-    chosen = {s.name for s in subjects(kata) if not s.name.startswith("zoo ")}
+    every = subjects(kata)
+    chosen = {s.name for s in every if not s.name.startswith("zoo ")}
     for rule in ("zoo-solutions", "zoo-bugs"):
-        zoo_files = sorted((s for s in subjects(kata) if s.rule == rule), key=draw)
+        zoo_files = sorted((s for s in every if s.rule == rule), key=draw)
         chosen |= {s.name for s in zoo_files[:-(-len(zoo_files) // ZOO_SHARE)]}
-    return [s for s in subjects(kata) if s.name in chosen]
+    return [s for s in every if s.name in chosen]
 
 
 def sampled_seed(kata: Kata, subject: Subject) -> int:

@@ -23,7 +23,6 @@ from .batch import TIMESTAMP   # when nbgrader submit sent the submission, read 
 from .course import solution_id
 
 
-
 class KataSolutions(ClearSolutions):
     """ClearSolutions, but a kata's solution cell is released as the kata's stub; any other cell
     (an instructor's own) is cleared as nbgrader does."""
