@@ -14,7 +14,8 @@ import shutil
 
 import pytest
 
-from graders.authoring.deep import GRADED, changed_since, content, record_problems, regrade, regraded, subjects
+from graders.authoring.deep import (GRADED, changed_since, content, graded_keys, record_problems, regrade, regraded,
+                                    subjects)
 from graders.authoring.lint import RULES, check_checks_table, check_citations, check_hints, check_learner_words
 from graders.engine.manifest import ROOT, find, katas
 from graders.engine.structure import TAMPERING
@@ -68,6 +69,25 @@ def test_a_kata_changed_since_its_deep_lint_fails_naming_the_command(role, tmp_p
     said = record_problems(changed)
     assert len(said) == 1 and "its content changed since `kata lint --deep softmax` was run" in said[0] \
         and kata.files[role].relative_to(ROOT).as_posix() in said[0] and "commit katas/softmax/lint.json" in said[0]
+
+
+def test_a_manifests_hints_and_catalogue_keys_need_no_deep_lint_and_its_graded_keys_do(tmp_path):
+    """The record hashes the manifest's keys that decide grades, whatever its comments and layout."""
+    manifest = find("softmax").files["manifest"]
+    text, copy = manifest.read_text(), tmp_path / "kata.toml"
+
+    def keys(edited):
+        assert edited != text
+        copy.write_text(edited)
+        return graded_keys(copy)
+
+    for ungraded in (text.replace("minutes = 10", "minutes = 12") + "\n# a comment\n",
+                     text.replace("with the same `axis`.", "with the same axis."),
+                     text.replace('title = "Numerically stable softmax"', 'title = "Softmax"')):
+        assert keys(ungraded) == graded_keys(manifest)
+    for graded in (text.replace("stable-for-large-logits = 2", "stable-for-large-logits = 3"),
+                   text.replace("rtol = 1e-7", "rtol = 1e-6"), text.replace("timeout_s = 10", "timeout_s = 20")):
+        assert keys(graded) != graded_keys(manifest)
 
 
 def test_a_file_changed_while_the_deep_lint_ran_keeps_it_from_writing_a_record(tmp_path):

@@ -23,6 +23,7 @@ import hashlib
 import json
 import platform
 import tempfile
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,12 +154,25 @@ def _broken(kata: Kata, subject: Subject, got: dict) -> str | None:
 
 # --- the record ------------------------------------------------------------------------------------
 
+# The manifest's keys that decide no grade of a file: where the kata stands in the catalogue and how
+# long it takes, its tasks and their hints, its plots and its interview follow-ups (which the suite
+# checks at every run). Editing them needs no deep lint.
+UNGRADED = ("title", "summary", "order", "track", "difficulty", "minutes", "tasks", "plots", "followups")
+
+
 def content(kata: Kata) -> dict[str, str]:
-    """{path: sha256} of every file that decides the kata's grades: the manifest, stub, reference,
-    bug oracles, expected values, graders and style zoo (its README and own tests are checked at
-    every run)."""
-    paths = [kata.files[role] for role in ("manifest", "stub", "reference", "bugs", "expected", "grader", "hidden")]
-    return {shown(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in [*paths, *zoo(kata)] if p.is_file()}
+    """{path: sha256} of every file that decides the kata's grades: the manifest (its keys outside
+    UNGRADED, whatever their layout and comments), stub, reference, bug oracles, expected
+    values, graders and style zoo (its README and own tests are checked at every run)."""
+    paths = [kata.files[role] for role in ("stub", "reference", "bugs", "expected", "grader", "hidden")]
+    files = {shown(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in [*paths, *zoo(kata)] if p.is_file()}
+    return {shown(kata.files["manifest"]): graded_keys(kata.files["manifest"]), **files}
+
+
+def graded_keys(manifest: Path) -> str:
+    """The sha256 of a manifest's keys that decide grades (all but UNGRADED)."""
+    keys = {k: v for k, v in tomllib.loads(manifest.read_text(encoding="utf-8")).items() if k not in UNGRADED}
+    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def fingerprint(files: dict[str, str]) -> str:
