@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,8 +26,8 @@ from graders.engine.bundle import NO_REFERENCE, bundle_info
 from graders.engine.manifest import ROOT, Kata, ManifestError
 from graders.engine.report import bar, render, replay
 from graders.engine.runner import DEVICES, RunnerError, grade, new_seed, resolve_device, zygote_for
-from graders.practice import hints
-from graders.practice.history import progress, suggestions
+from graders.practice import hints, repro
+from graders.practice.history import Suggestion, progress, suggestions
 from graders.practice.interview import Interview, render_scorecard
 from graders.practice.interview import plan as interview_plan
 from graders.practice.notebook import grade_notebook, notebook, solution_source
@@ -199,26 +200,51 @@ def main(katas_dirs):
         os.environ[manifest.COURSE_KATAS] = os.pathsep.join(dict.fromkeys([*given, *known]))
 
 
+def _track(ctx, param, name: str | None) -> str | None:
+    """--track's value, a track's name (None: every track)."""
+    if name is None:
+        return None
+    try:
+        name = manifest.find_track(name).name
+    except LookupError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if not any(k.track == name for k in _all_katas()):   # a student bundle holds some katas only
+        raise click.BadParameter(f"no kata here is on the {name} track.")
+    return name
+
+
+track_option = click.option("--track", callback=_track, metavar="TRACK",
+                            help=f"Only the katas of TRACK ({', '.join(t.name for t in manifest.TRACKS)}).")
+
+
 @main.command("list")
+@track_option
 @workspace_option
-def list_(workspace):
-    """List every kata in order, with your status and best score."""
+def list_(track, workspace):
+    """List every kata by track, in order, with its difficulty and minutes, your status and best score."""
     ws = _workspace(workspace)
     katas = _all_katas()
     width, title_width = max(len(k.slug) for k in katas), max(len(k.title) for k in katas)
     # From the history, as `kata history` reads it: the last run's status and the best score.
     found = progress(katas, ws.history.entries("check"))
-    for kata in katas:
-        p = found[kata.slug]
-        if p.checks:
-            status, best = p.last_status, f"{p.best:g}/{p.best_max:g}"
-        elif p.not_started:
-            status, best = "not-started", ""
-        else:
-            status, best = ("started" if ws.file_for(kata).exists() else "-"), ""
-        colour = "green" if status == "passed" else None
-        click.echo(f"{kata.order:>2}. {kata.slug:<{width}}  {kata.framework:<6}  {kata.title:<{title_width}} "
-                   f"{click.style(f'{status:<11}', fg=colour)} {best}".rstrip())
+    for number, (group, members) in enumerate(manifest.by_track(katas)):
+        if track is not None and group.name != track:
+            continue
+        if number and track is None:
+            click.echo()
+        click.echo(click.style(group.title, bold=True) + (f" (--track {group.name})" if group.name else ""))
+        for kata in members:
+            p = found[kata.slug]
+            if p.checks:
+                status, best = p.last_status, f"{p.best:g}/{p.best_max:g}"
+            elif p.not_started:
+                status, best = "not-started", ""
+            else:
+                status, best = ("started" if ws.file_for(kata).exists() else "-"), ""
+            colour = "green" if status == "passed" else None
+            click.echo(f"{kata.order:>2}. {kata.slug:<{width}}  {kata.framework:<6}  {kata.difficulty or '-':<6} "
+                       f"{kata.minutes:>3} min  {kata.title:<{title_width}} {click.style(f'{status:<11}', fg=colour)} "
+                       f"{best}".rstrip())
 
 
 @main.command()
@@ -273,8 +299,12 @@ def _grade_and_record(ws: Workspace, kata: Kata, path: Path, *, seed: int, devic
     shared), and record the result in the workspace."""
     try:
         # Self-study replays hidden checks too: --seed draws their inputs as well.
-        grade_file = grade_notebook if path.suffix == ".ipynb" else grade
-        result = grade_file(kata, path, seed=seed, device=device, hidden_seed=seed, zygote=zygote)
+        tapes = repro.folder_of(ws.meta, kata)   # `kata repro` makes scripts of its failed public checks
+        if path.suffix == ".ipynb":
+            shutil.rmtree(tapes, ignore_errors=True)
+            result = grade_notebook(kata, path, seed=seed, device=device, hidden_seed=seed, zygote=zygote)
+        else:
+            result = grade(kata, path, seed=seed, device=device, hidden_seed=seed, zygote=zygote, repro=tapes)
     except RunnerError as exc:
         raise EnvironmentProblem(str(exc)) from None
     except ValueError as exc:   # a notebook without a solution cell
@@ -348,11 +378,13 @@ def watch(kata_name, poll, interval, seed, workspace):
 
     It checks KATA once, then again whenever its content changes; with no KATA, it checks each
     started kata's file when that file changes. One seed serves the whole session, so that
-    results compare across saves. Change events come from the file system; --poll
-    looks at the files every --interval seconds instead, and watch switches to polling by itself
-    where events do not arrive (some network and container file systems). Ctrl-C stops.
+    results compare across saves: after each report, a line says which checks the save fixed
+    and which it broke, and once the kata passes, what comes next (as `kata next` says). Change
+    events come from the file system; --poll looks at the files every --interval seconds
+    instead, and watch switches to polling by itself where events do not arrive (some network
+    and container file systems). Ctrl-C stops.
     """
-    from graders.practice.watch import Watcher
+    from graders.practice.watch import Watcher, changed
 
     ws = _workspace(workspace)
     katas = {path: kata for kata, path in _started(ws, kata_name)}
@@ -361,6 +393,7 @@ def watch(kata_name, poll, interval, seed, workspace):
     names = ", ".join(path.name for path in katas)
     click.echo(f"Watching {names}; every check uses seed {seed} (`--seed {seed}` draws the same inputs again).")
     interrupted = False
+    last = {}   # each file's result at its last check of this session
 
     def interrupt(signum, frame):
         nonlocal interrupted
@@ -383,6 +416,14 @@ def watch(kata_name, poll, interval, seed, workspace):
                         raise KeyboardInterrupt from None
                     raise
                 click.echo(render(result, katas[path]))
+                # The whole report each time (a failing check's values change with each save), then
+                # the change in one line and, once the kata passes, the way on: `kata next`'s first.
+                if path in last:
+                    click.echo(changed(last[path], result))
+                last[path] = result
+                if result["status"] == "passed":
+                    then = _suggestions(ws)[0]
+                    click.secho(f"Passed. Next: {then.command} ({then.reason})", fg="green", bold=True)
                 click.echo(f"\nWatching {names} (Ctrl-C to stop)")
     except KeyboardInterrupt:
         click.echo("\nStopped watching.")
@@ -392,11 +433,42 @@ def watch(kata_name, poll, interval, seed, workspace):
         signal.signal(signal.SIGINT, previous)
 
 
+@main.command("repro")
+@click.argument("kata_name", metavar="KATA")
+@click.argument("check_id", metavar="[CHECK]", required=False)
+@workspace_option
+def repro_command(kata_name, check_id, workspace):
+    """Write the check your last run of KATA failed as a script you can run, and run it.
+
+    The first public check that failed (or CHECK) becomes repro/KATA.CHECK.py in your workspace:
+    its inputs (the same as the run's), the call, what it should return, and an assertion. It runs
+    your file directly, outside the kit's sandbox, so that an error shows your own traceback: print
+    in it as you like. Hidden checks are never reproduced. Exit code 0 when the script passes.
+    """
+    kata = _kata(kata_name)
+    ws = _workspace(workspace)
+    try:
+        made = repro.write(kata, repro.folder_of(ws.meta, kata), ws.root / "repro", check_id)
+    except repro.ReproError as exc:
+        raise click.UsageError(str(exc)) from None
+    except RunnerError as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    shown = os.path.relpath(made.script)
+    click.echo(f"Wrote {shown}: the call `{made.check}` failed, with its inputs" + (
+        ", what it should return and an assertion." if made.asserted else " (nothing to assert: the script says why)."))
+    click.secho(f"$ python {shown}", bold=True)
+    sys.stdout.flush()
+    code = subprocess.run([sys.executable, str(made.script)], cwd=made.script.parent).returncode
+    sys.exit(0 if code == 0 else 1)
+
+
 @main.command()
 @click.argument("kata_name", metavar="KATA")
 @workspace_option
 def hint(kata_name, workspace):
-    """Show KATA's next hint, aimed at the first check your last `kata check` failed."""
+    """Show KATA's next hint, aimed at what your last `kata check` failed: the hints of the function
+    its call names first, never a task whose checks pass. After a pass it says so, and goes on in
+    task order."""
     kata = _kata(kata_name)
     ws = _workspace(workspace)
     choice, failed = ws.take_hint(kata)
@@ -524,20 +596,28 @@ def history(as_json, workspace):
 @main.command("next")
 @click.option("-n", "count", type=click.IntRange(min=1), default=3, show_default=True,
               help="How many suggestions.")
+@track_option
 @workspace_option
-def next_(count, workspace):
-    """What to practise next: katas recently failed, never passed, or due for review.
+def next_(count, track, workspace):
+    """What to practise next: the next kata on your track, then katas recently failed, never
+    passed, or due for review.
 
-    Passed katas come back for review after 1, 2, 4, 8 ... days (spaced repetition): each day
-    you pass one with freshly written code doubles the wait, a failed check resets it.
+    Your track is the one of the kata you checked last: its next kata not passed yet, then the
+    next track's (`kata list` shows the tracks in order); --track asks for another. Passed katas
+    come back for review after 1, 2, 4, 8 ... days (spaced repetition): each day you pass one with
+    freshly written code doubles the wait, a failed check resets it.
     """
     ws = _workspace(workspace)
-    katas = _all_katas()
-    started = {k.slug for k in katas if ws.file_for(k).exists()}
-    checks = ws.history.entries("check")
-    for number, s in enumerate(suggestions(katas, checks, started)[:count], 1):
+    for number, s in enumerate(_suggestions(ws, track)[:count], 1):
         click.echo(f"{number}. {click.style(s.kata.slug, bold=True)}: {s.reason}")
         click.echo(f"   {s.command}")
+
+
+def _suggestions(ws: Workspace, track: str | None = None) -> list[Suggestion]:
+    """`kata next`'s suggestions, from the workspace's history and files."""
+    katas = _all_katas()
+    started = {k.slug for k in katas if ws.file_for(k).exists()}
+    return suggestions(katas, ws.history.entries("check"), started, track=track)
 
 
 @main.command("notebook")
@@ -609,27 +689,40 @@ def plot(kata_name, kind, out, seed, device, max_t, file, workspace):
     if (kata.slug, kind) not in plots.PLOTS:
         raise EnvironmentProblem(f"{kata.dir / 'kata.toml'} lists the plot {kind!r}, which this kit cannot draw.")
     ws = _workspace(workspace)
-    if file is None:
-        file = ws.file_for(kata)
-        if not file.exists():
-            raise click.UsageError(f"{file} does not exist. Run `kata start {kata.slug}` first.")
-    elif not file.is_file():
-        raise click.BadParameter(f"{file} does not exist.", param_hint="--file")
+    file = _own_file(ws, kata, file)
     out = out or ws.root / f"{kata.slug}-{kind}.png"
     if not out.parent.is_dir():
         raise click.BadParameter(f"the folder {out.parent} does not exist.", param_hint="--out")
     if plots.not_png(out):
         raise click.BadParameter(f"{out} exists and is not a PNG image: it is left alone.", param_hint="--out")
     with tempfile.TemporaryDirectory(prefix="kata-plot-") as tmp:
-        if file.suffix == ".ipynb":   # its solution cells, as `kata check --file` grades them
-            try:
-                source = solution_source(file)
-            except ValueError as exc:   # not a notebook, or one without a solution cell
-                raise click.BadParameter(str(exc), param_hint="--file") from None
-            file = Path(tmp) / kata.learner_file
-            file.write_text(source, encoding="utf-8")
-        _draw(kata, kind, file, out, seed=seed, device=device, max_t=max_t)
+        _draw(kata, kind, _as_python(kata, file, Path(tmp)), out, seed=seed, device=device, max_t=max_t)
     click.echo(f"Wrote {out}")
+
+
+def _own_file(ws: Workspace, kata: Kata, file: Path | None) -> Path:
+    """The learner's file of ``kata``: --file, or the workspace's, which must exist."""
+    if file is None:
+        file = ws.file_for(kata)
+        if not file.exists():
+            raise click.UsageError(f"{file} does not exist. Run `kata start {kata.slug}` first.")
+    elif not file.is_file():
+        raise click.BadParameter(f"{file} does not exist.", param_hint="--file")
+    return file
+
+
+def _as_python(kata: Kata, file: Path, tmp: Path) -> Path:
+    """``file``, or for a notebook its solution cells (as `kata check --file` grades them) written to
+    a file of the kata's name in ``tmp``."""
+    if file.suffix != ".ipynb":
+        return file
+    try:
+        source = solution_source(file)
+    except ValueError as exc:   # not a notebook, or one without a solution cell
+        raise click.BadParameter(str(exc), param_hint="--file") from None
+    file = tmp / kata.learner_file
+    file.write_text(source, encoding="utf-8")
+    return file
 
 
 def _draw(kata: Kata, kind: str, file: Path, out: Path, **options):
@@ -644,6 +737,58 @@ def _draw(kata: Kata, kind: str, file: Path, out: Path, **options):
         raise EnvironmentProblem(str(exc)) from None
     except FileExistsError as exc:   # a file that appeared at --out while the plot was computed
         raise click.BadParameter(str(exc), param_hint="--out") from None
+
+
+@main.command("run")
+@click.argument("kata_name", metavar="KATA")
+@click.option("--file", "file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Run this file instead of the workspace's (a notebook .ipynb: its solution cells).")
+@workspace_option
+def run_(kata_name, file, workspace):
+    """Run KATA's README example with your code.
+
+    The example is the README's "Try it" section: a few lines that call your functions and print
+    what they give. `kata run` prints it, then says whether it is what the reference prints or
+    shows the lines that differ: your values in seconds, before `kata check` grades every case.
+    For tp-attention the example starts two ranks on this machine (gloo) and prints from each.
+    It runs your own code, on your request, with this Python and outside the kit's sandbox, as
+    `python` would; nothing is graded or recorded. Exit code 0 when it printed what the README
+    shows, 1 when it raised, did not finish or printed something else, 2 on a usage error.
+    """
+    from graders.practice import run
+
+    kata = _kata(kata_name)
+    file = _own_file(_workspace(workspace), kata, file)
+    try:
+        source, expected = run.example(kata)
+    except run.NoExample as exc:
+        raise EnvironmentProblem(f"{kata.readme_path}: {exc}.") from None
+    timeout = run.timeout_for(source)
+    click.echo(f"The example of {kata.slug}'s README, with {file} (not in the kit's sandbox):\n")
+    with tempfile.TemporaryDirectory(prefix="kata-run-") as tmp:
+        outcome = run.run(kata, _as_python(kata, file, Path(tmp)), timeout=timeout,
+                          echo=lambda line: click.echo(line, nl=False))
+    if outcome.timed_out:
+        raise click.ClickException(f"Stopped: the example did not finish in {timeout} s (a loop that never ends, "
+                                   "or a rank waiting in a collective another rank never called?).")
+    said = outcome.not_written
+    if said is not None:
+        raise click.ClickException(f"{file.name} is not written yet: it raises NotImplementedError"
+                                   f"{f' ({said[:200]})' if said else ''}. Write it, then run this again.")
+    click.echo(outcome.errors, nl=False, err=True)
+    if outcome.returncode != 0:
+        raise click.ClickException("The example stopped with the error above: your code raised it, or the "
+                                   "example did on what your code returned.")
+    differ = run.differences(outcome.printed, expected)
+    if not differ:
+        click.echo("\nSame as the README's: the reference prints these values too. `kata check "
+                   f"{kata.slug}` grades every case.")
+        sys.exit(0)
+    click.echo(f"\n{len(differ)} {'lines differ' if len(differ) > 1 else 'line differs'} from the README's "
+               "(what the reference prints):")
+    for n, yours, readme in differ:
+        click.echo(f"  line {n:<3} yours   {yours}\n           README  {readme}")
+    sys.exit(1)
 
 
 @main.group("nbgrader")

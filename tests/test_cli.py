@@ -5,20 +5,40 @@ import json
 from click.testing import CliRunner
 
 import cli
-from graders.engine.manifest import ROOT, katas
+from graders.engine.manifest import ROOT, TRACKS, katas
+from graders.practice.history import History
 
 SCHEMA = json.loads((ROOT / "graders" / "engine" / "result.schema.json").read_text())
 SOFTMAX = (ROOT / "reference" / "softmax.py").read_text()
 
 
-def test_list_shows_every_kata_in_order(kata_cmd):
+def test_list_shows_every_kata_by_track_with_its_difficulty_and_minutes(kata_cmd):
     run = kata_cmd("list")
     assert run.returncode == 0
     lines = run.stdout.splitlines()
-    assert [line.split()[1] for line in lines] == [k.slug for k in katas()]
-    assert all(k.title in run.stdout for k in katas())
+    rows = [line for line in lines if line[:3].strip().rstrip(".").isdigit()]
+    assert [line.split()[1] for line in rows] == [k.slug for k in katas()]
+    for line, kata in zip(rows, katas()):
+        assert line.split()[3:6] == [kata.difficulty, str(kata.minutes), "min"] and kata.title in line, line
     # One status column, however long a title is.
-    assert len({line.index(" - ", line.index(k.title)) for line, k in zip(lines, katas())}) == 1, run.stdout
+    assert len({line.index(" - ", line.index(k.title)) for line, k in zip(rows, katas())}) == 1, run.stdout
+    # Each track's heading, in order, then its katas.
+    headings = [line for line in lines if line.strip() and line not in rows]
+    assert headings == [f"{t.title} (--track {t.name})" for t in TRACKS]
+    for track in TRACKS:
+        under = lines[lines.index(f"{track.title} (--track {track.name})") + 1:]
+        assert [line.split()[1] for line in under[:len(members(track))]] == members(track)
+
+    serving = kata_cmd("list", "--track", "serving")
+    assert serving.returncode == 0
+    assert [line.split()[1] for line in serving.stdout.splitlines()[1:]] == ["roofline", "paged-kv", "flash-decoding",
+                                                                               "doc-masking"]
+    unknown = kata_cmd("list", "--track", "servng")
+    assert unknown.returncode == 2 and "Did you mean 'serving'?" in unknown.stderr
+
+
+def members(track) -> list[str]:
+    return [k.slug for k in katas() if k.track == track.name]
 
 
 def test_start_check_pass_flow(kata_cmd):
@@ -96,7 +116,7 @@ def test_usage_errors_exit_2(kata_cmd):
 
 def listed(kata_cmd, slug) -> tuple[str, str]:
     """`kata list`'s status and best score of ``slug``; `kata history`'s, which must agree."""
-    line = next(line for line in kata_cmd("list").stdout.splitlines() if line.split()[1] == slug)
+    line = next(line for line in kata_cmd("list").stdout.splitlines() if line.split()[1:2] == [slug])
     status, best = line.split()[-2:]
     shown = next(line for line in kata_cmd("history").stdout.splitlines() if line.split()[:1] == [slug])
     assert f"best {best}  " in shown and f"({status})" in shown, (line, shown)
@@ -212,3 +232,31 @@ def test_lint_passes_on_softmax(kata_cmd):
 def test_help_comes_from_docstrings(kata_cmd):
     run = kata_cmd("check", "--help")
     assert "Grade KATA" in run.stdout and "--seed" in run.stdout
+
+
+def suggested(workspace, *passed, options=()) -> list[str]:
+    """`kata next`'s lines after a history (written as `kata check` writes it) of passes of ``passed``, in order."""
+    history = History(workspace / ".kata" / "history.jsonl")
+    for slug in passed:
+        history.append({"type": "check", "kata": slug, "status": "passed", "score": 1.0, "max_score": 1.0,
+                        "sha256": slug})
+    result = CliRunner().invoke(cli.main, ["next", *options, "-w", str(workspace)])
+    assert result.exit_code == 0, result.output
+    return result.output.splitlines()
+
+
+def test_next_continues_the_track_the_learner_is_on(tmp_path):
+    assert suggested(tmp_path / "a", "roofline")[:2] == ["1. paged-kv: continues the serving track",
+                                                         "   kata start paged-kv"]
+    # Serving and architecture passed: the nearest track not done, not the first kata of all.
+    after = suggested(tmp_path / "b", *(k.slug for k in katas() if 17 <= k.order <= 24))
+    assert after[0] == "1. cross-attention: starts the beyond track: every track after it is done", after
+    assert not any("softmax" in line for line in after)
+    assert suggested(tmp_path / "c", "softmax", "roofline", "paged-kv", "flash-decoding", "doc-masking")[0] == \
+        "1. mla: starts the architecture track: the serving track is done"
+    # A track asked for: only its katas, from the first not passed.
+    assert suggested(tmp_path / "b", options=["--track", "seed", "-n", "2"]) == [
+        "1. softmax: starts the seed track", "   kata start softmax",
+        "2. scaling-variance: not started yet", "   kata start scaling-variance"]
+    asked = suggested(tmp_path / "c", options=["--track", "seed", "-n", "20"])
+    assert asked[0] == "1. scaling-variance: continues the seed track" and "softmax" in asked[-2]   # due last

@@ -10,14 +10,21 @@ engine (deep.regraded). test_cases.py proves at every seed that the checks' case
 does not depend on it: why one seed stands for twenty."""
 import dataclasses
 import json
+import runpy
 import shutil
+import subprocess
+import sys
+import traceback
 
 import pytest
 
 from graders.authoring.deep import (GRADED, changed_since, content, graded_keys, record_problems, regrade, regraded,
                                     subjects)
-from graders.authoring.lint import RULES, check_checks_table, check_citations, check_hints, check_learner_words
+from graders.authoring.lint import (RULES, check_checks_table, check_citations, check_functions, check_hints,
+                                     check_learner_words)
+from graders.engine import tape
 from graders.engine.manifest import ROOT, find, katas
+from graders.practice import repro
 from graders.engine.structure import TAMPERING
 
 KATAS = [k.slug for k in katas()]
@@ -45,13 +52,58 @@ def test_the_recorded_gradings_hold(slug, tmp_path, zygotes):
     kata = find(slug)
     chosen = regraded(kata)
     wrong = []
-    for subject, (said, result) in zip(chosen, regrade(kata, chosen, folder=tmp_path, zygote=zygotes(kata.framework))):
+    graded = regrade(kata, chosen, folder=tmp_path, zygote=zygotes(kata.framework), tapes="zoo-bugs")
+    for subject, (said, result) in zip(chosen, graded):
         failed = [f"{c['id']}: {c['message']}" for c in result["checks"] if c["status"] != "passed"]
         if said:
             wrong.append(f"{subject.name}: " + "\n".join(said + failed))
         if subject.rule == "tampering":   # the scan says where it looked
             assert all("inspect (line" in c["message"] for c in result["checks"] if c["diagnosis"] == TAMPERING)
     assert not wrong, "\n\n".join(wrong)
+    _a_failed_check_reproduces(kata, chosen, tmp_path, zygotes(kata.framework))
+
+
+def _a_failed_check_reproduces(kata, chosen, folder, zygote):
+    """`kata repro`'s script of a public check a zoo bug failed fails with the learner's own error
+    (an exception from the file, or the script's assertion), and passes once the file is fixed (the
+    reference in its place). Run here, in-process, as `python SCRIPT` runs it (a rank group's in a
+    process of its own, as its ranks must be)."""
+    for i, subject in enumerate(chosen):
+        tapes, file = folder / str(i) / ".tapes", folder / str(i) / kata.learner_file
+        for check in (tape.index(tapes) or {"checks": []})["checks"] if subject.rule == "zoo-bugs" else ():
+            made = repro.write(kata, tapes, folder / "repro", check, zygote=zygote)
+            if made.asserted:
+                break
+        else:
+            continue
+        break
+    else:
+        raise AssertionError(f"no zoo bug of {kata.slug} that the suite grades failed a public check that "
+                             "`kata repro` can assert")
+    error = _run(made.script, kata, file)
+    assert error is not None, f"{made.script} passed on {subject.name}, which fails {made.check}"
+    file.write_text(kata.files["reference"].read_text(encoding="utf-8"), encoding="utf-8")
+    assert _run(made.script, kata, file) is None, f"{made.script} fails on the reference"
+
+
+def _run(script, kata, file) -> str | None:
+    """Run ``script``; None when it passes, else its error, which must be the learner's own."""
+    if "import torch.distributed as dist" in script.read_text(encoding="utf-8"):
+        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 or str(file) in run.stderr or "AssertionError" in run.stderr, run.stderr
+        return None if run.returncode == 0 else run.stderr
+    saved = list(sys.path)
+    sys.modules.pop(kata.module, None)
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except Exception as exc:
+        frames = [frame.filename for frame in traceback.extract_tb(exc.__traceback__)]
+        assert isinstance(exc, AssertionError) or str(file) in frames, traceback.format_exception(exc)
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        sys.path[:] = saved
+        sys.modules.pop(kata.module, None)
+    return None
 
 
 def _moved(kata, tmp_path, role, change):
@@ -141,6 +193,17 @@ def test_lint_refuses_a_check_no_hint_serves():
         for hint in task.hints)) for task in kata.tasks)
     ok, what = check_hints(dataclasses.replace(kata, tasks=tasks))
     assert not ok and what == "checks no hint serves (name them in a hint's `for`): banned-api"
+
+
+def test_lint_refuses_tasks_whose_functions_are_wrong_or_missing():
+    kata = find("roofline")
+    names = [("dtype_bytes",), (), ("decode_intensity", "prefill_intensity", "attention_intensity"),
+             ("crossover_batch",), ("train_flops_per_token", "mfu")]
+    tasks = tuple(dataclasses.replace(task, functions=functions) for task, functions in zip(kata.tasks, names))
+    ok, what = check_functions(dataclasses.replace(kata, tasks=tasks))
+    assert not ok and what == ("tasks that name no function (`functions = [...]`): The time of one decode step; "
+                               "not a public function or class of the stub: attention_intensity; "
+                               "the stub's decode_step, attention_decode_intensity in no task's `functions`")
 
 
 @pytest.mark.parametrize("where, text", [

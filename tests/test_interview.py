@@ -28,7 +28,7 @@ class Session:
         env = {**os.environ, "KATA_WORKSPACE": str(workspace), "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen([str(KATA), "interview", *args], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=workspace)
-        self.chunks, self.text = queue.Queue(), ""
+        self.chunks, self.text, self.output = queue.Queue(), "", ""   # output: everything read so far
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -44,10 +44,12 @@ class Session:
                 self.text = self.text[match.end():]
                 return match
             try:
-                self.text += self.chunks.get(timeout=max(0.0, deadline - time.monotonic()))
+                chunk = self.chunks.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 self.proc.kill()
                 raise AssertionError(f"no {pattern!r} within {timeout} s; output so far:\n{self.text}") from None
+            self.text += chunk
+            self.output += chunk
 
     def send(self, line: str):
         self.proc.stdin.write((line + "\n").encode())
@@ -58,7 +60,9 @@ class Session:
         code = self.proc.wait(timeout)
         time.sleep(0.2)   # let the reader drain
         while not self.chunks.empty():
-            self.text += self.chunks.get()
+            chunk = self.chunks.get()
+            self.text += chunk
+            self.output += chunk
         return code, self.text
 
 
@@ -153,25 +157,36 @@ def test_a_scripted_interview_runs_to_the_scorecard_and_the_history(tmp_path):
     assert re.search(r"81\.7/100 .*softmax", shown.output) and "81.7 -> 40" in shown.output
 
 
-def test_an_interview_says_its_commands_and_aims_and_charges_a_hint(tmp_path):
+def test_an_interview_aims_and_charges_hints_only_on_failing_work_and_withholds_fixes(tmp_path):
     softmax = manifest.find("softmax")
+    overflow = softmax.diagnoses["softmax-overflow"]
     session = Session(tmp_path, "--katas", "softmax", "--seed", "3", "--minutes", "20")
     learner_file = Path(session.expect(r"Your file: (\S+)").group(1))
+    session.expect(r"hint   a hint for what your last check failed \(-5 points each; free when it failed nothing\)")
     session.expect(r"done   grade your file as it is now as your final answer, and go on to the next kata or the "
                    r"follow-up questions")
     shutil.copyfile(Path(__file__).parent / "zoo" / "softmax" / "d2l__softmax-overflow.py", learner_file)
-    session.send("check")
-    session.expect(r"FAILED")
-    session.expect(rf"Replay exactly this run: kata check softmax --file {re.escape(str(learner_file))} --seed 3")
+    for _ in range(2):   # the fixes are said to be withheld once, not at every check
+        session.send("check")
+        session.expect(r"diagnosis softmax-overflow")
+        session.expect(rf"Replay exactly this run: kata check softmax --file {re.escape(str(learner_file))} --seed 3")
     session.send("hint")
     aimed = next(h for h in softmax.hints if "softmax-overflow" in h.serves)
     task = softmax.task_of(aimed)
     session.expect(rf"Hint {softmax.hints.index(aimed) + 1}/{len(softmax.hints)} for the failed check `[a-z-]+`, "
                    rf"diagnosed `softmax-overflow` \(task {task}: {re.escape(softmax.tasks[task - 1].title)}\) "
                    rf"\(-5 points\)\n{re.escape(aimed.text)}")
+    # Once the file passes, a hint aims at nothing and costs nothing.
+    shutil.copyfile(REFERENCE / "softmax.py", learner_file)
+    session.send("check")
+    session.expect(r"PASSED")
+    session.send("hint")
+    session.expect(r"Hint 1/\d+, the next in task order: your last run passed every check \(task 1: .*\) \(free\)")
     session.send("quit")
     code, output = session.finish()
     assert code == 1, output
+    assert overflow.fix not in session.output and not re.search(r"^ +fix ", session.output, re.MULTILINE)
+    assert session.output.count("are withheld in an interview") == 1, session.output
     assert history(tmp_path)[-1]["coding"][0]["hints"] == 1
 
 

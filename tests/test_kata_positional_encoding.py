@@ -168,7 +168,7 @@ def test_positions_counted_from_one_fail_only_the_table_values(grade_source):
         "angle = torch.arange(T, dtype=torch.float64)", "angle = torch.arange(1, T + 1, dtype=torch.float64)"))
     assert failed(result) == {"sinusoidal-values"}
     check = checks_by_id(result)["sinusoidal-values"]
-    assert "call: sinusoidal(64, 16)" in check["message"] and "row [0, :] = [0.8415" in check["message"]
+    assert "call: sinusoidal(64, 16)" in check["message"] and "row [0, :8] = [0.8415" in check["message"]
     assert check["diagnosis"] == "position-off-by-one" and result["diagnoses"] == ["position-off-by-one"]
 
 

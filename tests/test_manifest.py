@@ -4,8 +4,9 @@ import shutil
 
 import pytest
 
-from graders.authoring.lint import check_shared_mistakes
-from graders.engine.manifest import KATAS_DIR, ManifestError, _katas, find, katas, mistakes, parse
+from graders.authoring.lint import check_track, check_shared_mistakes
+from graders.engine.manifest import (DIFFICULTIES, KATAS_DIR, TRACKS, ManifestError, _katas, find, katas, mistakes,
+                                      parse)
 
 GOOD = (KATAS_DIR / "softmax" / "kata.toml").read_text()
 
@@ -49,6 +50,14 @@ def test_a_hint_names_the_checks_it_serves(tmp_path):
     empty = re.sub(r"\{ for = \[[^\]]*\]", "{ for = []", GOOD, count=1)
     with pytest.raises(ManifestError, match=r"tasks #1 hint #1 needs a text and, in `for`, the checks"):
         parse(manifest(tmp_path, empty))
+
+
+def test_a_task_names_its_functions(tmp_path):
+    # `kata hint` answers a failed call of decode_step(...) with the hints of decode_step's task.
+    assert [task.functions for task in parse(manifest(tmp_path, GOOD)).tasks] == [("softmax",)] * 3
+    with pytest.raises(ManifestError, match=r"tasks #1 functions must name the stub's functions and classes: "
+                                            r"\['softmax\(\)'\]\."):
+        parse(manifest(tmp_path, GOOD.replace('functions = ["softmax"]', 'functions = ["softmax()"]', 1)))
 
 
 def test_builds_on_names_earlier_checks(tmp_path):
@@ -192,3 +201,20 @@ def test_tolerance_grows_with_the_inputs_magnitude(tmp_path):
     assert kata.tolerance("float16", magnitude=1000.0) == {"rtol": 0.001, "atol": 0.0001 + 2 * 2**-10 * 1000}
     with pytest.raises(ManifestError, match=r"\[tolerances.float8\]: unknown dtype"):
         parse(manifest(tmp_path, GOOD.replace("[[tasks]]", half.replace("float16", "float8"), 1)))
+
+
+def test_track_and_difficulty_are_checked(tmp_path):
+    kata = parse(manifest(tmp_path, GOOD))
+    assert kata.track in {t.name for t in TRACKS} and kata.difficulty in DIFFICULTIES
+    with pytest.raises(ManifestError, match=r"track = 'sed': no track named 'sed'\. Did you mean 'seed'\? The tracks: "
+                                            r"seed, beyond, serving, architecture\."):
+        parse(manifest(tmp_path, re.sub(r'^track = ".*"$', 'track = "sed"', GOOD, flags=re.M)))
+    with pytest.raises(ManifestError, match=r"difficulty = 'tricky' must be one of easy, medium, hard\."):
+        parse(manifest(tmp_path, re.sub(r'^difficulty = ".*"$', 'difficulty = "tricky"', GOOD, flags=re.M)))
+    # Both may be left out (a course's kata written before they were), but `kata lint` wants them.
+    bare = parse(manifest(tmp_path, re.sub(r'^(track|difficulty) = ".*"\n', "", GOOD, flags=re.M)))
+    assert (bare.track, bare.difficulty) == ("", "")
+    ok, said = check_track(bare)
+    assert not ok and said == "the manifest names no track (seed, beyond, serving, architecture) and no difficulty " \
+                              "(easy, medium, hard)"
+    assert check_track(kata) == (True, f"on the {kata.track} track, {kata.difficulty}")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from graders.authoring.lint import MARKER
-from graders.engine.manifest import ROOT, katas
+from graders.engine.manifest import ROOT, TRACKS, katas, parse
 
 
 @pytest.fixture
@@ -35,11 +35,13 @@ def test_a_new_kata_is_written_in_place_and_linted_until_its_markers_are_filled(
     assert len([w for w in written if w.startswith("tests/zoo/new-example/")]) == 5
     order = max(k.order for k in katas()) + 1
     assert f"| {order} | `new-example` | PyTorch |" in (kit.root / "README.md").read_text()
+    made_kata = parse(kit.root / "katas" / "new-example" / "kata.toml")   # a new kata comes after the others
+    assert (made_kata.track, made_kata.difficulty) == (TRACKS[-1].name, "medium")
 
     linted = kit("lint", "new-example", "--seed", "1")
     problems = [line for line in linted.stdout.splitlines() if "✗" in line]
     assert linted.returncode == 1 and len(problems) == 2, linted.stdout
-    assert f"markers: 38 `{MARKER}` marker(s) to fill in: katas/new-example/kata.toml:3" in problems[0]
+    assert f"markers: 40 `{MARKER}` marker(s) to fill in: katas/new-example/kata.toml:3" in problems[0]
     assert "kata-table: its row in the README's table of katas still says" in problems[1]
 
     for path in [kit.root / w for w in written]:

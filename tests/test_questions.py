@@ -85,7 +85,7 @@ def _checks(*rows):
             for ago, kata, status, sha in rows]
 
 
-def test_next_puts_failures_first_then_unfinished_then_due_reviews_then_new_katas():
+def test_next_continues_the_track_then_puts_failures_then_unfinished_then_due_reviews_then_new_katas():
     katas = manifest.katas()
     checks = _checks(
         (9, "softmax", "passed", "s1"),          # box 1 nine days ago: due
@@ -100,13 +100,14 @@ def test_next_puts_failures_first_then_unfinished_then_due_reviews_then_new_kata
     )
     ranked = suggestions(katas, checks, started={"causal-mask", "mha", "scaling-variance"})
     order = [(s.kata.slug, s.reason.split(",")[0].split(" (")[0].split(":")[0]) for s in ranked]
-    assert order[:2] == [("mha", "failed today"), ("causal-mask", "failed today")]
-    assert order[2] == ("scaling-variance", "started")
-    assert [slug for slug, _ in order[3:6]] == ["softmax", "split-heads", "gqa"]   # most overdue first
-    new = [k.slug for k in katas if k.slug not in {slug for slug, _ in order[:6]} | {"flops-memory"}]
-    assert [slug for slug, _ in order[6:-1]] == new   # not started, in order
+    assert order[0] == ("sdpa-swap", "continues the seed track")   # after flops-memory, the last kata checked
+    assert order[1:3] == [("mha", "failed today"), ("causal-mask", "failed today")]
+    assert order[3] == ("scaling-variance", "started")
+    assert [slug for slug, _ in order[4:7]] == ["softmax", "split-heads", "gqa"]   # most overdue first
+    new = [k.slug for k in katas if k.slug not in {slug for slug, _ in order[:7]} | {"flops-memory"}]
+    assert [slug for slug, _ in order[7:-1]] == new   # not started, along the tracks
     assert order[-1][0] == "flops-memory" and len(ranked) == len(katas)
-    assert ranked[6].command == "kata start mha-by-loop" and ranked[3].command == "kata interview --katas softmax"
+    assert ranked[7].command == "kata start mha-by-loop" and ranked[4].command == "kata interview --katas softmax"
 
 
 def test_a_review_needs_new_code_and_a_failure_resets_it():
@@ -141,8 +142,9 @@ def test_history_survives_a_torn_line_and_the_cli_reads_it(kata_cmd):
     assert [e["kata"] for e in entries] == ["softmax", "split-heads"]
     assert entries[0]["status"] == "passed" and len(entries[0]["sha256"]) == 64
     suggested = kata_cmd("next", "-n", "2").stdout
-    assert re.match(r"1\. split-heads: failed today .*\n   kata check split-heads\n2\. scaling-variance: not started yet",
-                    suggested), suggested
+    # split-heads, checked last, first; then the seed track goes on after it.
+    assert re.match(r"1\. split-heads: failed today .*, then go on along the seed track\n   kata check split-heads\n"
+                    r"2\. mha: not started yet", suggested), suggested
 
 
 def test_an_empty_history_says_how_to_start(tmp_path):

@@ -206,3 +206,23 @@ def test_events_fall_back_to_polling(tmp_path, observer, says):
         assert found.get(timeout=DEADLINE_S) == path
         assert said == [says]
         assert watcher.polling
+
+
+OVERFLOWS = SOFTMAX.replace("x - np.max(x, axis=axis, keepdims=True)", "x")    # fails stable-for-large-logits
+WIDENS = SOFTMAX.replace("return e / np.sum(e, axis=axis, keepdims=True)",
+                         "return (e / np.sum(e, axis=axis, keepdims=True)).astype(np.float64)")   # dtype-preserved
+
+
+def test_a_save_says_what_it_fixed_and_broke_and_a_pass_says_what_comes_next(watch):
+    run = watch("softmax", "--poll", "--interval", "0.2", files={"softmax.py": OVERFLOWS})
+    first = run.wait_for(WATCHING)
+    assert "now passes" not in first and "now fails" not in first   # nothing to compare the first check with
+    rename_over(watch.workspace / "softmax.py", WIDENS)
+    second = run.wait_for(WATCHING, 2)[len(first):]
+    assert "Since the last save: now passes: stable-for-large-logits; now fails: dtype-preserved; " \
+           "5 checks unchanged." in second, second
+    rename_over(watch.workspace / "softmax.py", SOFTMAX)
+    third = run.wait_for(WATCHING, 3)[len(first) + len(second):]
+    assert "Since the last save: now passes: dtype-preserved; 6 checks unchanged." in third, third
+    assert "Passed. Next: kata start scaling-variance (continues the seed track)" in third, third
+    assert run.interrupt() == 0

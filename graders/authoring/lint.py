@@ -17,11 +17,12 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine.manifest import ROOT, Kata, mistakes
+from ..engine.manifest import DIFFICULTIES, ROOT, TRACKS, Kata, mistakes
 from ..engine.oracles import Bugs
 from ..engine.questions import evaluate
 from ..engine.structure import IMPORT_NOT_ALLOWED, TAMPERING, tampering
 from ..practice.plots import PLOTS
+from ..practice.run import HEADING, NoExample, example
 from .leaks import leaks
 
 
@@ -140,6 +141,16 @@ def check_checks_table(kata: Kata) -> tuple[bool, str]:
         problems.append(f"rows marked hidden: {len(marked)}, hidden checks: {', '.join(sorted(hidden)) or 'none'}")
     return not problems, ("the README's checks table lists every check with its points, hidden ones marked"
                           if not problems else "README checks table: " + "; ".join(problems))
+
+
+def check_try_it(kata: Kata) -> tuple[bool, str]:
+    """The README has a worked example `kata run` runs: one ```python block in its Try-it section,
+    then the ```text block of what it prints (tests/test_run.py runs it with the reference)."""
+    try:
+        source, _ = example(kata)
+    except NoExample as exc:
+        return False, str(exc)
+    return True, f"its `{HEADING}` example has {len(source.splitlines())} lines of code and their printout"
 
 
 MIN_CHOICE, MIN_NUMERIC = 3, 2
@@ -287,6 +298,28 @@ def check_hints(kata: Kata) -> tuple[bool, str]:
                           f"checks no hint serves (name them in a hint's `for`): {', '.join(unserved)}")
 
 
+def check_track(kata: Kata) -> tuple[bool, str]:
+    """The manifest says where the kata stands on the learner's path: its track and difficulty."""
+    missing = ([f"no track ({', '.join(t.name for t in TRACKS)})"] if not kata.track else []) + \
+              ([f"no difficulty ({', '.join(DIFFICULTIES)})"] if not kata.difficulty else [])
+    return not missing, (f"on the {kata.track} track, {kata.difficulty}" if not missing else
+                         f"the manifest names {' and '.join(missing)}")
+
+
+def check_functions(kata: Kata) -> tuple[bool, str]:
+    """Each task names the stub's functions and classes it writes (its ``functions``, whose failed
+    calls `kata hint` answers with the task's hints), and each of those is some task's."""
+    public = [name for name in api(kata.stub_path.read_text(encoding="utf-8")) if "." not in name]
+    named = {name for task in kata.tasks for name in task.functions}
+    bare = [task.title for task in kata.tasks if not task.functions]
+    stray, unnamed = sorted(named - set(public)), [name for name in public if name not in named]
+    problems = [said for wrong, said in (
+        (bare, f"tasks that name no function (`functions = [...]`): {', '.join(bare)}"),
+        (stray, f"not a public function or class of the stub: {', '.join(stray)}"),
+        (unnamed, f"the stub's {', '.join(unnamed)} in no task's `functions`")) if wrong]
+    return not problems, "; ".join(problems) or f"each task names its functions; the stub's {len(public)} are all named"
+
+
 def check_plots(kata: Kata) -> tuple[bool, str]:
     """Every plot the manifest lists has a drawing."""
     missing = [kind for kind in kata.plots if (kata.slug, kind) not in PLOTS]
@@ -382,6 +415,8 @@ RULES = (
     Rule("graders", f"the graders' checks are [checks], {MIN_HIDDEN} to {MAX_HIDDEN} of them hidden", check_graders),
     Rule("tasks", "every task has a hint", check_tasks),
     Rule("hints", "every check has a hint that serves it", check_hints),
+    Rule("functions", "every task names the stub's public functions and classes it writes, and each is some "
+                      "task's", check_functions),
     Rule("followups", f"at least {MIN_CHOICE} choice and {MIN_NUMERIC} numeric follow-up questions, each asked and "
                       "graded as written: a numeric answer computed from its parameters, each listed mistake graded "
                       "wrong with its explanation", check_followups),
@@ -392,8 +427,11 @@ RULES = (
          check_shared_mistakes),
     Rule("checks-table", "the kata's README lists every check with its points, hidden ones marked",
          check_checks_table),
+    Rule("try-it", f"the kata's README has a `{HEADING}` section: one ```python example, then the ```text block it "
+                   "prints with the reference (tests/test_run.py runs it)", check_try_it),
     Rule("citations", "its files cite only what ships with it", check_citations),
     Rule("learner-words", "what a learner reads has no words of the kit's own making", check_learner_words),
+    Rule("track", "the manifest names the kata's track (one of manifest.TRACKS) and its difficulty", check_track),
     Rule("plots", "every plot the manifest lists has a drawing (tests/test_plot.py draws each from the reference)",
          check_plots),
     Rule("zoo", f"at least {MIN_IDIOMS} correct solutions in the style zoo; each zoo bug named for a diagnosis",

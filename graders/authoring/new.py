@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from string import Template
 
-from ..engine.manifest import KATAS_DIR, ROOT, Kata, katas, parse
+from ..engine.manifest import KATAS_DIR, ROOT, TRACKS, Kata, katas, parse
 from .lint import FRAMEWORK_NAMES, MARKER, kata_row, shown
 
 SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
@@ -33,6 +33,7 @@ order = $order
 framework = "$framework"
 summary = "$TODO what the learner writes, in one line (the README's table of katas says it too)."
 minutes = 15
+${track}difficulty = "medium"   # easy, medium or hard: `kata list` shows it beside the minutes
 
 # $TODO the tolerances, with the reason for each figure: the roundings the computation makes.
 [tolerances.float64]
@@ -41,6 +42,7 @@ atol = 1e-12
 
 [[tasks]]
 title = "$TODO the first task"
+functions = ["example"]
 hints = [
     { for = ["matches-reference", "example-bug"], text = "$TODO the gentlest nudge first." },
     { for = ["other-shapes"], text = "$TODO a hint for the hidden check." },
@@ -108,6 +110,20 @@ $TODO what the function returns, exactly.
 
 ## Tasks
 1. **$TODO the first task.** $TODO what it asks.
+
+## Try it
+`kata run $slug` runs this example with your $module.py and says whether it prints what the
+reference prints (below): your values in seconds, before `kata check` grades every case.
+
+```python
+from $module import example
+
+# $TODO a worked example: call example on small (seeded) inputs and print what a learner wants to see
+```
+
+```text
+$TODO what the example prints with the reference
+```
 
 ## Checks
 | check | points |
@@ -262,6 +278,9 @@ def plan(slug: str, framework: str, into: Path | None = None) -> dict[Path, str]
               "draw": kind["draw"]}
     values["doc"] = Template(DOC).substitute(values)
     values["readme"] = "its README.md, beside it" if into else f"katas/{slug}/README.md"
+    # A kit's kata joins the last track (a new stage adds its own to TRACKS); a course's own is
+    # listed after the kit's tracks, unless its author names one.
+    values["track"] = "" if into else f'track = "{TRACKS[-1].name}"   # one of TRACKS in graders/engine/manifest.py\n'
     # Follow-up questions are for the kit's interviews: a course's own kata goes without.
     manifest = MANIFEST.split("\n[[followups]]")[0] + "\n" if into else MANIFEST
     files = {kata.files["manifest"]: manifest, kata.files["readme"]: README, kata.files["stub"]: STUB,

@@ -148,8 +148,10 @@ def form(got, expected_type: type, shape: tuple, *, call: str, case: str | None 
 
 def array(got, expected, *, call: str, case: str | None = None, rtol: float, atol: float,
           diagnose: Diagnose = None, device: str | None = None, what: str = "the result",
-          against: str = "the reference", float32_inside: dict | None = None):
-    """``got`` equals ``expected`` (a NumPy array or torch tensor) in type, shape, dtype, values."""
+          against: str = "the reference", float32_inside: dict | None = None,
+          axes: tuple[str, ...] | None = None):
+    """``got`` equals ``expected`` (a NumPy array or torch tensor) in type, shape, dtype, values;
+    ``axes`` names its axes for a failure's ``where`` line (see ``values``)."""
     type_of(got, type(expected), call=call, case=case, what=what)
     Name = sentence(what)
     if tuple(got.shape) != tuple(expected.shape):
@@ -167,7 +169,7 @@ def array(got, expected, *, call: str, case: str | None = None, rtol: float, ato
     if _is_tensor(got) and got.device.type == "meta":
         return   # meta tensors have a shape and a dtype, and no values
     values(got, expected, call=call, case=case, rtol=rtol, atol=atol, diagnose=diagnose, what=what,
-           against=against, float32_inside=float32_inside)
+           against=against, float32_inside=float32_inside, axes=axes)
 
 
 def as_float64(value) -> np.ndarray:
@@ -195,9 +197,33 @@ def mismatch(got, expected, *, rtol: float, atol: float) -> str | None:
     # A NaN expected where a number came back is as wrong as it gets (and nanargmax refuses all-NaN).
     worst = np.unravel_index(np.argmax(np.where(np.isnan(err), np.inf, err)), err.shape)
     relative = rel[~np.isnan(rel)]   # none where every differing value is NaN against a number
+    whole_g, whole_e = _integral(got), _integral(expected)
     return (f"{int((~close).sum())} of {g.size} values differ (rtol {rtol:g}, atol {atol:g}); "
-            f"max abs error {err[worst]:.3g} at {_index(worst)} (got {g[worst]:.6g}, expected {e[worst]:.6g})"
+            f"max abs error {_number(err[worst], whole_g and whole_e, 3)} at {_index(worst)} "
+            f"(got {_number(g[worst], whole_g)}, expected {_number(e[worst], whole_e)})"
             + (f", max rel error {relative.max():.3g}" if relative.size else ""))
+
+
+def _integral(value) -> bool:
+    """An integer or bool array, tensor or number: its values print as integers."""
+    if _is_tensor(value):
+        return not (value.dtype.is_floating_point or value.dtype.is_complex)
+    return np.asarray(value).dtype.kind in "biu"
+
+
+def _number(x, integral: bool, digits: int = 6) -> str:
+    """One value of a message: every digit of an integer (an id of 123456789 is not 1.23457e+08)."""
+    return str(int(x)) if integral else f"{x:.{digits}g}"
+
+
+def _shown(value) -> np.ndarray:
+    """The values as a message prints them: integers for integer and bool values (a mask's 0s
+    and 1s, document ids), float64 otherwise."""
+    if not _integral(value):
+        return as_float64(value)
+    if _is_tensor(value):
+        value = value.detach().to("cpu").long().numpy()
+    return np.asarray(value).astype(np.int64)
 
 
 FLOAT32_INSIDE = "float32-inside"
@@ -212,11 +238,12 @@ def float32_inside(kata, dtype="float64") -> dict | None:
 
 def values(got, expected, *, call: str, case: str | None = None, rtol: float, atol: float,
            diagnose: Diagnose = None, what: str = "the result", against: str = "the reference",
-           float32_inside: dict | None = None):
+           float32_inside: dict | None = None, axes: tuple[str, ...] | None = None):
     """``got`` is close to ``expected``. ``float32_inside``: the float32 tolerance (rtol, atol) of
     a check about semantics, not precision. Code that computes in float32 and casts back (Llama's
     ``F.softmax(scores.float(), -1).type_as(q)``) is right up to float32 rounding: it passes
-    within that tolerance, with a note."""
+    within that tolerance, with a note. ``axes``: the axes' names, singular and in order
+    (``("batch", "head", "position", "channel")``), for the failure's ``where`` line."""
     problem = mismatch(got, expected, rtol=rtol, atol=atol)
     if problem is not None and float32_inside is not None and mismatch(got, expected, **float32_inside) is None:
         worst = problem.rsplit("; ", 1)[-1]   # "max abs error ... at ..., max rel error ..."
@@ -224,22 +251,92 @@ def values(got, expected, *, call: str, case: str | None = None, rtol: float, at
                              f"rounding only ({worst}), which this check accepts.")
         return
     if problem is not None:
-        g, e = as_float64(got), as_float64(expected)
-        wrong = np.argwhere(~np.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True))
-        first = wrong[0] if len(wrong) else np.zeros(g.ndim, int)
+        wrong = ~np.isclose(as_float64(got), as_float64(expected), rtol=rtol, atol=atol, equal_nan=True)
+        first = np.argwhere(wrong)[0] if wrong.any() else np.zeros(wrong.ndim, int)
+        g, e = _shown(got), _shown(expected)
+        if _integral(got) and _integral(expected) and g.shape == e.shape and g.ndim == 2 and max(g.shape) <= GRID:
+            shown_g, shown_e = _grids(g, e)
+        else:
+            shown_g, shown_e = _excerpt(g, first), _excerpt(e, first)
         fail(f"Values of {what} differ from {against}: {problem}.", call=call, case=case, diagnose=diagnose,
-             got=f"{describe_value(got)}{_excerpt(g, first)}", expected=f"{describe_value(expected)}{_excerpt(e, first)}")
+             where=_where(wrong, axes), got=f"{describe_value(got)}{shown_g}",
+             expected=f"{describe_value(expected)}{shown_e}")
+
+
+WINDOW = 8   # values of a row shown, from a few before the first wrong one
+GRID = 16    # an integer matrix up to GRID x GRID is drawn whole, as one draws it on a whiteboard
+RUNS = 3     # an axis whose differing indices make more runs than this is left out of the where line
 
 
 def _excerpt(a: np.ndarray, first) -> str:
-    """The row (last axis) holding the first wrong value, e.g. ``; row [0, 1, :] = [0.1 0.2 ...]``."""
+    """The values of the row (last axis) about the first wrong value, ``first``: e.g. ``; row [0,
+    1, 18:26] = [… 0.1 0.2 …]``, the same window of got and expected, so the two lines show where
+    they part; a short row whole (``row [0, 1, :]``)."""
     if a.ndim == 0:
-        return f" = {a:.6g}"
-    row = a[tuple(first[:-1])]
-    text = np.array2string(row[:8], precision=4, separator=" ", max_line_width=10_000)
-    more = " …" if row.shape[0] > 8 else ""
-    index = ", ".join(str(int(i)) for i in first[:-1])
-    return f"; row [{index + ', ' if index else ''}:] = {text[:-1]}{more}]"
+        return f" = {_number(a.item(), a.dtype.kind == 'i')}"
+    row, n = a[tuple(first[:-1])], a.shape[-1]
+    start = max(0, min(int(first[-1]) - 3, n - WINDOW))
+    stop = min(n, start + WINDOW)
+    text = np.array2string(row[start:stop], precision=4, separator=" ", max_line_width=10_000)[1:-1]
+    index = "".join(f"{int(i)}, " for i in first[:-1])
+    cut = f"{start or ''}:{stop if stop < n else ''}"
+    return f"; row [{index}{cut}] = [{'… ' * (start > 0)}{text}{' …' * (stop < n)}]"
+
+
+def _grids(g: np.ndarray, e: np.ndarray) -> tuple[str, str]:
+    """Two small integer matrices drawn as grids, one line a row, columns aligned across both."""
+    width = max(len(str(v)) for v in (*g.flat, *e.flat))
+    return tuple(":" + "".join("\n    " + " ".join(f"{v:>{width}}" for v in row) for row in a) for a in (g, e))
+
+
+def _where(wrong: np.ndarray, axes: tuple[str, ...] | None) -> str | None:
+    """Which indices of each axis hold the differing values, for each axis where some do and some
+    do not, in a few runs: "heads 1 and 2 (of 4) differ, 0 and 3 match", or unnamed "indices 1
+    and 2 of axis 1 (of 4) differ, 0 and 3 match". None where no axis parts them so, or where one
+    value differs: the message's "at [i, j]" says where that is."""
+    if wrong.sum() < 2:
+        return None
+    said = []
+    for k, n in enumerate(wrong.shape):
+        differ = wrong.any(axis=tuple(i for i in range(wrong.ndim) if i != k))
+        bad, good = _runs(np.flatnonzero(differ)), _runs(np.flatnonzero(~differ))
+        if not bad or not good or len(bad) > RUNS:
+            continue
+        many = len(bad) > 1 or bad[0][1] > bad[0][0]
+        name = axes[k] if axes and k < len(axes) else None
+        if name:
+            which = f"{_plural(name) if many else name} {_listed(bad)} (of {n})"
+        else:
+            which = f"{'indices' if many else 'index'} {_listed(bad)} of axis {k} (of {n})"
+        matches = "match" if len(good) > 1 or good[0][1] > good[0][0] else "matches"
+        said.append(f"{which} {'differ' if many else 'differs'}, {_listed(good)} {matches}")
+    return "; ".join(said) or None
+
+
+def _runs(indices: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted indices as runs of consecutive ones, (first, last): [1, 2, 5] -> [(1, 2), (5, 5)]."""
+    runs = []
+    for i in map(int, indices):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
+
+
+def _listed(runs: list[tuple[int, int]]) -> str:
+    """Runs in words: "0 and 3", "5–7", "0, 2 and 4–7"."""
+    items = [str(i) for a, b in runs for i in ((a, b) if b == a + 1 else (a,) if a == b else (f"{a}–{b}",))]
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _plural(name: str) -> str:
+    """An axis's name in the plural: head -> heads, batch -> batches, query -> queries."""
+    if name.endswith(("s", "x", "ch", "sh")):
+        return name + "es"
+    if name.endswith("y") and name[-2:-1] not in "aeiou":
+        return name[:-1] + "ies"
+    return name + "s"
 
 
 def _index(index) -> str:

@@ -19,24 +19,26 @@ class CheckFailed(AssertionError):
     """The learner's code was judged wrong.
 
     ``message`` is one sentence; the optional fields are shown as labelled lines (the call, the
-    case, what came back, what was expected) and ``diagnosis`` is a code from the kata's manifest.
+    case, where the values differ, what came back, what was expected) and ``diagnosis`` is a code
+    from the kata's manifest.
     """
 
     status = "failed"
 
     def __init__(self, message: str, *, call: str | None = None, case: str | None = None,
                  got: str | None = None, expected: str | None = None, diagnosis: str | None = None,
-                 output: str = ""):
+                 output: str = "", where: str | None = None):
         super().__init__(message)
         self.message = message
-        self.call, self.case, self.got, self.expected = call, case, got, expected
+        self.call, self.case, self.where, self.got, self.expected = call, case, where, got, expected
         self.diagnosis = diagnosis
         self.output = output
 
     def details(self) -> list[tuple[str, str]]:
         """The labelled lines: every field given, a falsy value too (``expected=0.0``, ``got=()``)."""
         return [(label, str(value)) for label, value in (("call", self.call), ("case", self.case),
-                                                         ("got", self.got), ("expected", self.expected))
+                                                         ("where", self.where), ("got", self.got),
+                                                         ("expected", self.expected))
                 if value is not None and value != ""]
 
     def text(self) -> str:

@@ -20,8 +20,9 @@ import time
 
 import numpy as np
 
-from .failures import LearnerRaised, NotStarted, SandboxFailed, sentence
+from .failures import CheckFailed, LearnerRaised, NotStarted, SandboxFailed, sentence
 from .sandbox import LoadError, SandboxError, describe_error
+from .tape import Handle, Outcome, Step, layout
 
 PLAIN_TENSOR_TYPES = ("torch.Tensor", "torch.nn.parameter.Parameter")
 OUTPUT_SHOWN = 8192   # characters of a check's printed output kept in its report
@@ -84,6 +85,8 @@ class Learner:
         self._recording = None
         self._printed = []
         self._ranks = {}   # world size -> Ranks
+        self.tape, self.rank = None, None   # a tape.Tape that keeps every call (see tape.py); the rank
+        self._kit = set()   # handles of the kit's own functions: their calls are not the learner's
         self.custom_operators = set()   # seen in a recording: what their bodies computed was not recorded
         self.below_recorder = set()     # functions of the file that torch ran inside its own calls, unrecorded
 
@@ -128,7 +131,10 @@ class Learner:
         (a given class the file lacks); the source that scans read stays the file as handed in."""
         sandbox = self._sandbox.sibling(source.encode()).start()
         try:
-            yield Learner(sandbox, device=self.device, seed=self.seed, trace=self._trace)
+            extended = Learner(sandbox, device=self.device, seed=self.seed, trace=self._trace)
+            if self.tape is not None:
+                extended.tape, self.tape.given = self.tape, source
+            yield extended
         finally:
             sandbox.close()
 
@@ -260,12 +266,50 @@ class Learner:
         remote = self._request({"op": "kit", "name": name}, [], f"the kit's {name}")
         if not isinstance(remote, Remote):
             raise SandboxFailed(f"The sandbox sent no handle for the kit's {name}.")
+        self._kit.add(remote._handle)
         return Remote(self, remote._handle, remote.type_name, name)
 
     def get(self, remote: Remote, attribute: str):
         """The value of an attribute of a sandbox object, e.g. ``learner.get(model, "training")``."""
-        return self._request({"op": "getattr", "target": [remote._handle, [attribute]]}, [],
-                             f"{remote._label}.{attribute}")
+        value = self._request({"op": "getattr", "target": [remote._handle, [attribute]]}, [],
+                              f"{remote._label}.{attribute}")
+        if self.tape is not None and not self.tape.paused:
+            self.tape.steps.append(Step(self.rank, remote._handle, [attribute], [], {}, snapshot(value), get=True))
+        return value
+
+    def replay(self, steps: list[Step]) -> list[Outcome]:
+        """Make ``steps`` of a tape (tape.py; one rank's, or a single process's) again on this
+        learner's file: what each call answers here. An object a step got stands for the one this
+        file's code made at the same step, so that later calls on it reach its counterpart."""
+        objects: dict[int, Remote] = {}
+        outcomes = []
+
+        def resolve(value):
+            if isinstance(value, Handle):
+                return objects[value.id]
+            if isinstance(value, (list, tuple)):
+                return type(value)(resolve(v) for v in value)
+            if isinstance(value, dict):
+                return {k: resolve(v) for k, v in value.items()}
+            return value
+
+        for step in steps:
+            try:
+                if step.get:
+                    value = self.get(objects[step.handle], step.path[0])
+                else:
+                    target = (None if step.handle is None else objects[step.handle]._handle, step.path)
+                    value = self._call(target, resolve(step.args), resolve(step.kwargs), ".".join(step.path))
+            except KeyError:   # an object no step of the tape made
+                outcomes.append(Outcome(lost=True))
+                continue
+            except CheckFailed as exc:
+                outcomes.append(Outcome(raised=exc.message))
+                continue
+            if isinstance(step.got, Handle) and isinstance(value, Remote):
+                objects[step.got.id] = value
+            outcomes.append(Outcome(value=value))
+        return outcomes
 
     def module_info(self, remote: Remote) -> dict:
         """Parameters, buffers, state_dict keys and training flag of a sandbox nn.Module."""
@@ -286,7 +330,17 @@ class Learner:
                   "args": [self._encode(a, blobs) for a in args],
                   "kwargs": {k: self._encode(v, blobs) for k, v in kwargs.items()},
                   "record": self._recording is not None, "echo": echo}
-        return self._request(header, blobs, call_text(label, args, kwargs), label, echo=echo)
+        if self.tape is None or self.tape.paused or target[0] in self._kit:
+            return self._request(header, blobs, call_text(label, args, kwargs), label, echo=echo)
+        step = Step(self.rank, target[0], list(target[1]), snapshot(list(args)), snapshot(kwargs))
+        self.tape.steps.append(step)
+        try:
+            value = self._request(header, blobs, call_text(label, args, kwargs), label, echo=echo)
+        except CheckFailed as exc:
+            step.raised = getattr(exc, "type_name", None) or type(exc).__name__
+            raise
+        step.got = snapshot(value[0] if echo else value)
+        return value
 
     def _request(self, header, blobs, what, label=None, echo=False):
         self._load()
@@ -351,7 +405,7 @@ class Learner:
 
         if isinstance(value, torch.Tensor):
             device = "meta" if value.device.type == "meta" else self.device
-            data, order = None, _layout(value)
+            data, order = None, layout(value)
             if value.device.type != "meta":
                 # A permuted view (e.g. x.transpose(1, 2)) is sent as its contiguous base and the
                 # permutation, so the sandbox rebuilds a view with the same strides.
@@ -456,6 +510,8 @@ class Ranks:
         self.learners = [Learner(sandbox, device=learner.device, seed=learner.seed,
                                  trace=learner._trace if rank == 0 and not kit else None)
                          for rank, sandbox in enumerate(self.group.ranks)]
+        for rank, each in enumerate(self.learners):
+            each.tape, each.rank = (None if kit else learner.tape), rank
 
     def each(self, fn) -> list:
         """``[fn(rank, learner) for each rank]``, run at once. A failure stops the group; the one
@@ -555,13 +611,6 @@ def _fingerprint(value) -> bytes:
     if isinstance(value, np.ndarray):
         return f"{value.dtype} {value.shape} ".encode() + np.ascontiguousarray(value).tobytes()
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value)).encode()
-
-
-def _layout(t) -> list[int]:
-    """The dimension order of ``t`` in memory, outermost first: identity for contiguous tensors."""
-    if t.is_contiguous() or t.device.type == "meta":
-        return list(range(t.dim()))
-    return sorted(range(t.dim()), key=lambda i: (-t.stride(i), i))
 
 
 def _list(value):
@@ -667,3 +716,19 @@ def _arg_text(value) -> str:
     if isinstance(value, dict):
         return "{…}"
     return describe_value(value)
+
+
+def snapshot(value):
+    """A copy of ``value`` for a tape, as it is now (a grader may change its arrays after a call):
+    a sandbox object as the Handle it is known by."""
+    if isinstance(value, Remote):
+        return Handle(value._handle, value.type_name)
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(v) for v in value)
+    if isinstance(value, dict):
+        return {k: snapshot(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if type(value).__module__ == "torch" and type(value).__name__ in ("Tensor", "Parameter"):
+        return value.detach().clone().requires_grad_(value.requires_grad) if value.device.type != "meta" else value
+    return value

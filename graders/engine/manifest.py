@@ -14,6 +14,8 @@ Format 1, every key::
     import_timeout_s = 10           # optional: the same, for running the learner's file at import
     memory_mb = 2048                # optional: the sandbox's memory cap
     minutes = 15                    # optional: time to solve it in a mock interview
+    track = "seed"                  # optional (`kata lint` wants it): its track, one of TRACKS
+    difficulty = "easy"             # optional (`kata lint` wants it): easy | medium | hard
     plots = ["heatmaps"]            # optional: what `kata plot` draws from the learner's code
     features = ["gqa"]              # optional: what the learner writes that a shared mistake
                                     # (katas/mistakes.toml) can occur in; `kata lint` wants each named
@@ -22,7 +24,10 @@ Format 1, every key::
                                     # ulps * eps(dtype) * the input's magnitude (see tolerance)
     [[tasks]]                       # title and hints (kata lint wants one each), each hint a table
                                     # { for = [check ids or diagnosis codes], text = "..." }:
-                                    # `kata hint` gives the hint for the check that failed
+                                    # `kata hint` gives the hint for the check that failed;
+                                    # functions = ["decode_step"]: the stub's functions and classes
+                                    # the task writes (kata lint wants each named), whose failed
+                                    # calls its hints answer first (practice/hints.py)
     [checks]                        # check id = points; ids are the grader's test names
     [builds_on]                     # optional: check id = [earlier check ids whose failure it
                                     # follows from]: reported as "same cause as", once
@@ -49,12 +54,31 @@ FORMAT = 1
 ROOT = Path(__file__).resolve().parents[2]   # the folder that holds katas/, graders/, reference/
 KATAS_DIR = ROOT / "katas"
 FRAMEWORKS = ("numpy", "torch", "python")
+DIFFICULTIES = ("easy", "medium", "hard")
 # Machine epsilon of each dtype a tolerance may name (bfloat16 keeps 8 significant bits).
 EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
 class ManifestError(Exception):
     """A manifest that does not follow format 1; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Track:
+    name: str
+    title: str
+
+
+# The tracks a learner walks, in this order: `kata list` groups the katas by track and `kata next`
+# continues the track the learner is on. A kata names its own (`track = "serving"`); the katas of
+# a new stage add their track at the end.
+TRACKS = (
+    Track("seed", "The seed katas: softmax, masks, heads, multi-head and grouped-query attention, SDPA"),
+    Track("beyond", "Beyond the seed: cross-attention, positions, the KV cache, FlashAttention, the backward pass"),
+    Track("serving", "Serving: the decode roofline, paged and split KV caches, packed documents"),
+    Track("architecture", "Architectures: latent attention, long context, linear attention, tensor parallelism"),
+)
+NO_TRACK = Track("", "Other katas")   # where a kata that names no track is listed: a course's own, as a rule
 
 
 @dataclass(frozen=True)
@@ -67,6 +91,7 @@ class Hint:
 class Task:
     title: str
     hints: tuple[Hint, ...]
+    functions: tuple[str, ...] = ()   # the stub's functions and classes it writes
 
 
 @dataclass(frozen=True)
@@ -112,6 +137,8 @@ class Kata:
     import_timeout_s: float = 10.0
     memory_mb: int = 2048
     minutes: int = 15
+    track: str = ""                 # a name of TRACKS, or "" (NO_TRACK)
+    difficulty: str = ""            # one of DIFFICULTIES, or "" where the manifest names none
     plots: tuple[str, ...] = ()
     features: tuple[str, ...] = ()
     learner_file: str = ""
@@ -225,8 +252,8 @@ class Kata:
 
 
 _TOP = {"format", "slug", "title", "order", "framework", "summary", "banned", "allow", "timeout_s",
-        "import_timeout_s", "memory_mb", "minutes", "plots", "features", "files", "tolerances", "tasks", "checks", "builds_on",
-        "diagnoses", "followups"}
+        "import_timeout_s", "memory_mb", "minutes", "track", "difficulty", "plots", "features", "files", "tolerances",
+        "tasks", "checks", "builds_on", "diagnoses", "followups"}
 _REQUIRED = ("format", "slug", "title", "order", "framework", "tasks", "checks")
 
 
@@ -273,6 +300,15 @@ def parse(path: Path) -> Kata:
     framework = data["framework"]
     if framework not in FRAMEWORKS:
         _fail(path, f"framework = {framework!r} must be one of {', '.join(FRAMEWORKS)}.")
+    track = _typed(path, "track", data.get("track", ""), str, "a string")
+    if "track" in data:
+        try:
+            find_track(track)
+        except LookupError as exc:
+            _fail(path, f"track = {track!r}: {exc}")
+    difficulty = _typed(path, "difficulty", data.get("difficulty", ""), str, "a string")
+    if "difficulty" in data and difficulty not in DIFFICULTIES:
+        _fail(path, f"difficulty = {difficulty!r} must be one of {', '.join(DIFFICULTIES)}.")
 
     files = data.get("files", {})
     _keys(path, "[files]", files, {"learner", "stub", "readme"})
@@ -335,7 +371,7 @@ def parse(path: Path) -> Kata:
     if not isinstance(data["tasks"], list) or not data["tasks"]:
         _fail(path, "[[tasks]] must list at least one task.")
     for i, task in enumerate(data["tasks"], 1):
-        _keys(path, f"[[tasks]] #{i}", task, {"title", "hints"}, ("title", "hints"))
+        _keys(path, f"[[tasks]] #{i}", task, {"title", "hints", "functions"}, ("title", "hints"))
         if not isinstance(task["hints"], list):
             _fail(path, f"tasks #{i} hints must be a list of hints.")
         hints = []
@@ -353,7 +389,10 @@ def parse(path: Path) -> Kata:
                             + (f"; {', '.join(map(repr, unknown))} is neither a check nor a diagnosis of this kata."
                                if unknown else "."))
             hints.append(Hint(text, serves))
-        tasks.append(Task(_typed(path, f"tasks #{i} title", task["title"], str, "a string"), tuple(hints)))
+        functions = _strings(path, f"tasks #{i} functions", task.get("functions", []))
+        if not all(name.isidentifier() for name in functions):
+            _fail(path, f"tasks #{i} functions must name the stub's functions and classes: {list(functions)!r}.")
+        tasks.append(Task(_typed(path, f"tasks #{i} title", task["title"], str, "a string"), tuple(hints), functions))
 
     followups = []
     for i, item in enumerate(data.get("followups", []), 1):
@@ -377,6 +416,8 @@ def parse(path: Path) -> Kata:
         import_timeout_s=_typed(path, "import_timeout_s", data.get("import_timeout_s", 10.0), float, "a number"),
         memory_mb=_typed(path, "memory_mb", data.get("memory_mb", 2048), int, "an integer"),
         minutes=_typed(path, "minutes", data.get("minutes", 15), int, "an integer"),
+        track=track,
+        difficulty=difficulty,
         plots=_strings(path, "plots", data["plots"]) if data.get("plots") else (),
         features=features,
         learner_file=files.get("learner", slug.replace("-", "_") + ".py"),
@@ -439,6 +480,23 @@ def _katas(roots: tuple[Path, ...]) -> tuple[Kata, ...]:
             raise ManifestError(f"{kata.dir / 'kata.toml'}: slug {kata.slug!r} is also the kata in {slugs[kata.slug]}.")
         orders[kata.order], slugs[kata.slug] = kata.slug, kata.dir
     return tuple(sorted(found, key=lambda k: k.order))
+
+
+def by_track(katas: tuple[Kata, ...]) -> list[tuple[Track, list[Kata]]]:
+    """The katas grouped by track, in the order of TRACKS (those of no track last), each group in
+    the katas' order; a track without katas is left out."""
+    groups = [(track, [k for k in katas if k.track == track.name]) for track in (*TRACKS, NO_TRACK)]
+    return [(track, members) for track, members in groups if members]
+
+
+def find_track(name: str) -> Track:
+    """A track by name; LookupError names the closest one."""
+    for known in TRACKS:
+        if known.name == name:
+            return known
+    close = difflib.get_close_matches(name, [t.name for t in TRACKS], n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise LookupError(f"no track named {name!r}.{hint} The tracks: {', '.join(t.name for t in TRACKS)}.")
 
 
 def find(name: str) -> Kata:

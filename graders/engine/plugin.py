@@ -32,6 +32,7 @@ from .learner import Learner
 from .manifest import Kata
 from .oracles import Bugs
 from .structure import TAMPERING
+from .tape import Tape
 
 RUN = pytest.StashKey["GradingPlugin"]()
 
@@ -117,15 +118,17 @@ def device(request):
 
 class GradingPlugin:
     def __init__(self, kata: Kata, gradings: list, *, device: str, release: dict | None = None, trace=None):
-        """``gradings``: the gradings of one file (runner.Grading) whose checks this session runs."""
+        """``gradings``: the gradings of one file (runner.Grading) whose checks this session runs.
+        A grading with a ``repro`` folder keeps the calls of each failed public check in its ``tapes``."""
         self.kata, self.gradings, self.device, self.release, self.trace = kata, gradings, device, release, trace
         self.problems: list[str] = []
 
     def _bind(self, grading):
         """The checks from here on grade ``grading``: its learner, seeds and Book, its reports."""
         self.seed, self.hidden_seed, self.book = grading.seed, grading.hidden_seed, grading.book
-        self.reports = grading.reports
+        self.reports, self.grading = grading.reports, grading
         self.adapter = Learner(grading.sandbox, device=self.device, seed=grading.seed, trace=self.trace)
+        self.adapter.tape = Tape() if grading.repro is not None else None
 
     # --- hooks ------------------------------------------------------------------------------
 
@@ -173,6 +176,8 @@ class GradingPlugin:
 
     def pytest_runtest_setup(self, item):
         expect.NOTES.clear()
+        if self.adapter.tape is not None:
+            self.adapter.tape.begin(hidden=is_hidden(item))
         self.book.muted = is_hidden(item)
         if item.get_closest_marker("cuda") and self.device != "cuda":
             pytest.skip("needs a CUDA device: none is present, or the run asked for --device cpu")
@@ -203,6 +208,8 @@ class GradingPlugin:
                 entry.update(notes=list(expect.NOTES), message="\n".join(expect.NOTES.values()))
             return entry
         exc = call.excinfo.value if call.excinfo else None
+        if self.adapter.tape is not None and entry["visibility"] == "visible":   # hidden checks keep no tape
+            self.grading.tapes[cid] = self.adapter.tape.excerpt()
         if isinstance(exc, CheckFailed):
             diagnosis = exc.diagnosis
             if diagnosis is None and getattr(exc, "forbidden", False) and TAMPERING in self.kata.diagnoses:

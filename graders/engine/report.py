@@ -10,7 +10,7 @@ import click
 from .manifest import KATAS_DIR, Kata
 
 MARKS = {"passed": ("✓", "green"), "failed": ("✗", "red"), "error": ("!", "red"), "skipped": ("-", "yellow")}
-LABELS = ("call", "case", "got", "expected")
+LABELS = ("call", "case", "where", "got", "expected")
 HIDDEN = " [hidden]"
 BAR = 20
 
@@ -43,8 +43,10 @@ def graded_cells(result: dict) -> str | None:
             "(the test and check cells left out).")
 
 
-def render(result: dict, kata: Kata, *, replay_with: str | None = None) -> str:
-    """``replay_with``: what replays this run, where it is not `kata check KATA --seed N`."""
+def render(result: dict, kata: Kata, *, replay_with: str | None = None, withhold_fixes: bool = False) -> str:
+    """``replay_with``: what replays this run, where it is not `kata check KATA --seed N`.
+    ``withhold_fixes``: each diagnosis is explained without its fix (the class policy of that name
+    does the same for a class's feedback; an interview's checks do it too)."""
     lines = [click.style(f"{kata.slug} · {kata.title}", bold=True)
              + f"   seed {result['seed']} · {result['device']} · {result['duration_s']:.2f} s · {result['file']}"]
     if result.get("cells"):
@@ -66,7 +68,7 @@ def render(result: dict, kata: Kata, *, replay_with: str | None = None) -> str:
             if check["status"] in ("failed", "error") and check.get("diagnosis"):
                 given.setdefault(check["diagnosis"], []).append(check["id"])
         for check in result["checks"]:
-            lines += check_lines(check, kata, width, tagged=tagged, given=given)
+            lines += check_lines(check, kata, width, tagged=tagged, given=given, withhold_fixes=withhold_fixes)
     counted = [c for c in result["checks"] if c["status"] != "skipped"]
     passed = sum(c["status"] == "passed" for c in counted)
     colour = {"passed": "green", "failed": "red", "error": "red", "not-started": "yellow"}[status]
@@ -87,7 +89,7 @@ def render(result: dict, kata: Kata, *, replay_with: str | None = None) -> str:
 
 
 def check_lines(check: dict, kata: Kata, width: int = 0, *, tagged: bool = False,
-                given: dict[str, list[str]] | None = None) -> list[str]:
+                given: dict[str, list[str]] | None = None, withhold_fixes: bool = False) -> list[str]:
     """One check's lines. ``tagged``: some check of the run is hidden, so every name leaves room
     for the tag. ``given``: the checks each diagnosis was given on, in order (see ``render``)."""
     mark, colour = MARKS[check["status"]]
@@ -121,7 +123,9 @@ def check_lines(check: dict, kata: Kata, width: int = 0, *, tagged: bool = False
         else:
             lines.append(label + (f"  (also given on {', '.join(others)})" if others else ""))
             if diagnosis:
-                lines += _indent(diagnosis.explain, 16) + [f"      {'fix':<9} {diagnosis.fix}"]
+                lines += _indent(diagnosis.explain, 16)
+                if not withhold_fixes:
+                    lines.append(f"      {'fix':<9} {diagnosis.fix}")
     if check.get("output"):
         lines.append(f"      {'printed':<9} (your code's output during this check)")
         lines += _indent(check["output"].rstrip()[:2000], 16)

@@ -16,7 +16,7 @@ import secrets
 import time
 from pathlib import Path
 
-from . import bundle
+from . import bundle, tape
 from .manifest import ROOT, Kata
 from .oracles import code_of
 from .recording import Book, Store
@@ -129,17 +129,18 @@ def sandbox_for(kata: Kata, file: Path, *, device: str, zygote: Zygote | None = 
 
 def grade(kata: Kata, file: Path, *, seed: int | None = None, device: str = "auto",
           zygote: Zygote | None = None, hidden_seed: int | None = None, record: Store | None = None,
-          trace=None) -> dict:
+          trace=None, repro: Path | None = None) -> dict:
     """Grade ``file`` against ``kata``; always returns a complete result (see docs/security.md).
 
     Hidden checks draw their values from ``hidden_seed`` (fresh when None: a class's grading run).
     ``record`` keeps every oracle value the graders use (how `kata release` records a bundle). In a
     student bundle the public checks replay its recordings and the hidden checks are skipped.
-    ``trace`` (a hashlib object) takes every value the learner's code answers with.
+    ``trace`` (a hashlib object) takes every value the learner's code answers with. ``repro``: a
+    folder that the calls of each failed public check are saved in (tape.save), for `kata repro`.
     """
     seed = new_seed() if seed is None else seed
     return _grade(kata, Path(file), [(seed, hidden_seed)], device=device, zygote=zygote, record=record,
-                  trace=trace)[0]
+                  trace=trace, repro=None if repro is None else {0: repro})[0]
 
 
 def grade_seeds(kata: Kata, file: Path, seeds: list[int], *, device: str = "auto",
@@ -159,9 +160,10 @@ class Grading:
     grading began (the first one's before pytest starts, so that its zygote's imports overlap
     pytest's); ``finish`` closes the sandbox and times the grading."""
 
-    def __init__(self, seed: int, hidden_seed: int | None, book: Book, sandbox):
+    def __init__(self, seed: int, hidden_seed: int | None, book: Book, sandbox, repro: Path | None = None):
         self.seed, self.hidden_seed, self.book = seed, hidden_seed, book
         self.sandbox, self.reports, self.duration_s = None, {}, None
+        self.repro, self.tapes = repro, {}   # where to save the tapes of the failed public checks, and they
         self._new_sandbox, self._stack = sandbox, contextlib.ExitStack()   # ``sandbox()``: a context manager
         self._started = None
 
@@ -183,16 +185,17 @@ class Grading:
 
 
 def grade_files(kata: Kata, runs: list[tuple[Path, int]], *, device: str = "auto",
-                zygote: Zygote | None = None) -> list[dict]:
+                zygote: Zygote | None = None, repro: dict[int, Path] | None = None) -> list[dict]:
     """``grade(kata, file, seed=s, hidden_seed=s)`` for each (file, s) of ``runs``, in one pytest
-    session, as ``grade_seeds`` does for one file: each in a sandbox of its own."""
+    session, as ``grade_seeds`` does for one file: each in a sandbox of its own. ``repro``: {index
+    into ``runs``: the folder its failed public checks' tapes are saved in}."""
     return _grade(kata, None, [(seed, seed) for _, seed in runs], device=device, zygote=zygote,
-                  files=[Path(file) for file, _ in runs])
+                  files=[Path(file) for file, _ in runs], repro=repro)
 
 
 def _grade(kata: Kata, file: Path | None, seeds: list[tuple[int, int | None]], *, device: str,
            zygote: Zygote | None, record: Store | None = None, trace=None, sandbox=None, plugins=(),
-           files: list[Path] | None = None) -> list[dict]:
+           files: list[Path] | None = None, repro: dict[int, Path] | None = None) -> list[dict]:
     """Grade ``file`` (or each of ``files``, one per item of ``seeds``) at each (seed, hidden_seed)
     of ``seeds`` in one pytest session. ``sandbox`` makes each grading's sandbox (a context
     manager), ``sandbox_for``'s by default; ``plugins`` join the session beside the grading plugin."""
@@ -207,11 +210,13 @@ def _grade(kata: Kata, file: Path | None, seeds: list[tuple[int, int | None]], *
         if any(seed != info["seed"] for seed, _ in seeds):
             raise RunnerError(f"This student bundle recorded the expected values of {kata.slug} at seed "
                               f"{info['seed']}: check with that seed (the default here).")
-        gradings = [Grading(seed, None, Book(replay=store), own(graded)) for (seed, _), graded in zip(seeds, files)]
+        gradings = [Grading(seed, None, Book(replay=store), own(graded), (repro or {}).get(i))
+                    for i, ((seed, _), graded) in enumerate(zip(seeds, files))]
     else:
         info = None
         gradings = [Grading(seed, new_seed() if hidden_seed is None else hidden_seed, Book(record=record),
-                            own(graded)) for (seed, hidden_seed), graded in zip(seeds, files)]
+                            own(graded), (repro or {}).get(i)) for i, ((seed, hidden_seed), graded) in
+                    enumerate(zip(seeds, files))]
     try:
         gradings[0].start()
         resolved = resolve_device(kata, device)
@@ -219,7 +224,23 @@ def _grade(kata: Kata, file: Path | None, seeds: list[tuple[int, int | None]], *
     finally:
         for grading in gradings:
             grading.close()
-    return [_result(kata, graded, grading, resolved, info) for graded, grading in zip(files, gradings)]
+    results = [_result(kata, graded, grading, resolved, info) for graded, grading in zip(files, gradings)]
+    for grading, result in zip(gradings, results):
+        if grading.repro is not None:
+            _save_tapes(grading, result)
+    return results
+
+
+def _save_tapes(grading: Grading, result: dict):
+    """The tapes of the checks ``result`` failed, in its order, for `kata repro`. A folder that
+    cannot be written leaves the run without them, never without its result."""
+    failed = [c for c in result["checks"] if c["id"] in grading.tapes and c["status"] != "passed"]
+    try:
+        tape.save(grading.repro, {c["id"]: grading.tapes[c["id"]] for c in failed},
+                  {"kata": result["kata"], "file": result["file"], "seed": result["seed"],
+                   "names": {c["id"]: c["name"] for c in failed}})
+    except OSError:
+        pass
 
 
 def _one_cause(kata: Kata, checks: list[dict]) -> list[dict]:

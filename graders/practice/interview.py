@@ -5,11 +5,16 @@ their parameters, the order of their options and the checks' inputs. The same se
 same interview.
 
 The learner codes in fresh copies of the stubs under ``<workspace>/interviews/<time>/``, never in
-their practice files, and may check and ask for hints as often as they like. When the clock runs
-out the files are copied aside (``at-time-up/``) and those copies are graded: code saved later
-does not count. The score, out of 100: the coding part is worth CODING_POINTS times the mean
-fraction of check points at the end, less HINT_COST per hint (never below 0), and the follow-ups
-FOLLOWUP_POINTS times the fraction answered right. The scorecard goes to the history.
+their practice files, and may check and ask for hints as often as they like. A check there
+withholds the diagnoses' fixes (answer code, which would make the hints pointless); grading the
+final answer (`done`, or at time up) shows them. When the clock runs out the files are copied aside
+(``at-time-up/``) and those copies are graded: code saved later does not count. The score, out of
+100: the coding part is worth CODING_POINTS times the mean fraction of check points at the end,
+less HINT_COST per hint served for failing work (never below 0), and the follow-ups
+FOLLOWUP_POINTS times the fraction answered right. A hint is for failing work when the last check
+failed something, or before the first check (the file is the stub then); one served after a check
+that failed nothing costs nothing, and so does being told that no hint is left. The scorecard goes
+to the history.
 """
 from __future__ import annotations
 
@@ -34,7 +39,8 @@ CODING_POINTS, FOLLOWUP_POINTS, HINT_COST = 60, 40, 5
 DEFAULT_MINUTES = 30
 COMMANDS = "check, hint, task, done, quit"
 COMMAND_HELP = ("  check  grade your file, as often as you like\n"
-                f"  hint   a hint for what your last check failed (-{HINT_COST} points each)\n"
+                f"  hint   a hint for what your last check failed (-{HINT_COST} points each; free when it failed "
+                "nothing)\n"
                 "  task   show the task again\n"
                 "  done   grade your file as it is now as your final answer, and go on to the next kata "
                 "or the follow-up questions\n"
@@ -113,7 +119,9 @@ class Interview:
         self.folder = self._new_folder()
         self.limit_s = plan.minutes * 60
         self.seen: dict[str, set[int]] = {k.slug: set() for k in plan.katas}   # the hints taken
-        self.failed: dict[str, list] = {k.slug: [] for k in plan.katas}       # by the last check
+        self.failed: dict[str, list | None] = {k.slug: None for k in plan.katas}   # by the last check
+        self.charged: dict[str, int] = {k.slug: 0 for k in plan.katas}   # the hints served for failing work
+        self.withheld_said = False   # that a check withholds the fixes: said once, at the first it withholds
         self.coding: dict[str, dict] = {}
         self.answers: list[dict] = []
         self.time_up = threading.Event()
@@ -141,7 +149,7 @@ class Interview:
         click.secho(f"Mock interview: {', '.join(k.slug for k in plan.katas)} in {_clock(self.limit_s)}, "
                     f"then {len(plan.questions)} follow-up questions.", bold=True)
         click.echo(f"Seed {plan.seed}: `{plan.replay}` replays the same interview. "
-                   f"Each hint costs {HINT_COST} of the {CODING_POINTS} coding points.")
+                   f"Each hint for failing work costs {HINT_COST} of the {CODING_POINTS} coding points.")
         self.started = time.monotonic()
         timer = threading.Timer(self.limit_s, self._ring)
         timer.daemon = True
@@ -204,7 +212,8 @@ class Interview:
                 continue
             if "check".startswith(command):
                 result = self._grade(kata, target)
-                click.echo(render(result, kata, replay_with=replay(kata, self.check_seed, target)))
+                click.echo(render(result, kata, replay_with=replay(kata, self.check_seed, target), withhold_fixes=True))
+                self._say_withheld(kata, result)
             elif "hint".startswith(command):
                 self._hint(kata)
             elif "task".startswith(command):
@@ -217,13 +226,26 @@ class Interview:
             else:
                 click.echo(f"Type {COMMANDS}.")
 
+    def _say_withheld(self, kata: Kata, result: dict):
+        """Once an interview, at the first check whose report left out a fix: why it is not there."""
+        if self.withheld_said or not any(c["status"] in ("failed", "error") and c.get("diagnosis") in kata.diagnoses
+                                         for c in result["checks"]):
+            return
+        self.withheld_said = True
+        click.echo(f"  The `fix` lines are withheld in an interview: the diagnosis names the mistake, the fix is yours "
+                   f"to find (`hint` helps, for {HINT_COST} points).")
+
     def _hint(self, kata: Kata):
-        choice = hints.choose(kata, self.seen[kata.slug], self.failed[kata.slug])
+        failed = self.failed[kata.slug]
+        choice = hints.choose(kata, self.seen[kata.slug], failed)
         if choice.index is None:
-            click.echo(f"No more hints: {hints.none_left(kata, self.failed[kata.slug])}")
+            click.echo(f"No more hints, and no points taken: {hints.none_left(kata, failed)}")
             return
         self.seen[kata.slug].add(choice.index)
-        click.secho(f"{hints.heading(kata, choice)} (-{HINT_COST} points)", bold=True)
+        # After a check that failed nothing the hint helps no grade: it is served, not charged.
+        self.charged[kata.slug] += not choice.passed
+        cost = "free" if choice.passed else f"-{HINT_COST} points"
+        click.secho(f"{hints.heading(kata, choice)} ({cost})", bold=True)
         click.echo(kata.hints[choice.index].text)
 
     def _grade(self, kata: Kata, path: Path) -> dict:
@@ -277,9 +299,9 @@ class Interview:
             missing = "not-graded" if self.file(kata).exists() else "not-reached"
             result = self.coding.get(kata.slug, {"status": missing, "score": 0.0, "max_score": kata.max_score})
             coding.append({"kata": kata.slug, "status": result["status"], "score": result["score"],
-                           "max_score": result["max_score"], "hints": len(self.seen[kata.slug])})
+                           "max_score": result["max_score"], "hints": self.charged[kata.slug]})
         fraction = sum(c["score"] / c["max_score"] for c in coding) / len(coding)
-        taken = sum(map(len, self.seen.values()))
+        taken = sum(self.charged.values())
         coding_points = CODING_POINTS * fraction
         penalty = min(HINT_COST * taken, coding_points)
         right = sum(a["right"] for a in self.answers)

@@ -8,6 +8,8 @@ cheap stat check sees a file change that no event reported (NFS, 9p, vboxsf ...)
 change counts once the file has been quiet for QUIET_S (never read half-written) and only if its
 content hash differs from the last one seen (a touch, or a save that changes nothing, is no
 change). The files are only ever read.
+
+``changed`` says, in one line, what a re-check changed since the check before it.
 """
 from __future__ import annotations
 
@@ -180,3 +182,16 @@ class Watcher:
             elif stat != self._audited[path]:
                 self._suspects.add(path)
             self._audited[path] = stat
+
+
+def changed(before: dict, after: dict) -> str:
+    """What a check of a saved file changed since the check before it: the checks it now passes,
+    those it now fails, and how many stayed as they were (a check that did not run on this
+    machine, such as a CUDA one without a GPU, counts nowhere)."""
+    was = {c["id"]: c["status"] == "passed" for c in before["checks"] if c["status"] != "skipped"}
+    now = {c["id"]: c["status"] == "passed" for c in after["checks"] if c["status"] != "skipped"}
+    fixed = [check for check, ok in now.items() if ok and was.get(check) is False]
+    broken = [check for check, ok in now.items() if not ok and was.get(check) is True]
+    same = sum(was.get(check) is ok for check, ok in now.items())
+    said = [f"{what}: {', '.join(checks)}" for what, checks in (("now passes", fixed), ("now fails", broken)) if checks]
+    return "Since the last save: " + "; ".join([*said, f"{same} check{'s' * (same != 1)} unchanged"]) + "."

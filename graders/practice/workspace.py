@@ -114,14 +114,14 @@ class Workspace:
                     f"{f': {exc.filename}' if exc.filename else ''}), so `kata list` and `kata history` will not show it.")
         return None
 
-    def take_hint(self, kata: Kata) -> tuple[hints.Choice, list]:
+    def take_hint(self, kata: Kata) -> tuple[hints.Choice, list | None]:
         """The next hint for what the last recorded run failed (see hints.py), recorded as seen,
-        and the checks that run failed."""
+        and the checks that run failed (None: the kata has no run)."""
         entry = self.kata_state(kata)
         taken = entry.get("hints_taken")
         # A state from before hints were aimed: its first hints_seen hints, in task order, were seen.
         seen = set(taken) if isinstance(taken, list) else set(range(int(entry.get("hints_seen", 0))))
-        failed = entry.get("failed", [])
+        failed = entry.get("failed")
         choice = hints.choose(kata, seen, failed)
         if choice.index is not None:
             entry["hints_taken"] = sorted(seen | {choice.index})

@@ -1,0 +1,69 @@
+"""`kata repro`: the check a run failed, as a script the learner runs outside the kit.
+
+test_content.py runs a script of every kata (a public check a zoo bug fails: the learner's error,
+then a pass once the file is the reference); here the command itself, as a learner meets it."""
+import json
+import subprocess
+import sys
+
+from graders.engine.manifest import find
+from graders.engine.plugin import check_names
+
+RAISES = """import numpy as np
+
+
+def softmax(x, axis=-1):
+    z = x - np.max(x, axis=axis, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=axis + 1, keepdims=True)   # the slip: another axis
+"""
+WRONG = RAISES.replace("axis=axis + 1, keepdims=True)", "axis=axis, keepdims=True) / 2")
+RIGHT = RAISES.replace("axis=axis + 1", "axis=axis")
+
+
+def test_kata_repro_runs_the_failed_check_with_the_learners_own_error_until_the_file_is_fixed(kata_cmd):
+    file = kata_cmd.workspace / "softmax.py"
+    file.write_text(RAISES)
+    assert kata_cmd("check", "softmax", "--seed", "5").returncode == 1
+    run = kata_cmd("repro", "softmax")
+    assert run.returncode == 1, run.stdout + run.stderr
+    script = kata_cmd.workspace / "repro" / "softmax.matches-reference.py"
+    assert f"Wrote repro/{script.name}" in run.stdout
+    # Its own traceback: the line of the learner's file that raised, outside the kit's sandbox.
+    assert f'File "{file}", line 7, in softmax' in run.stderr and "AxisError" in run.stderr, run.stderr
+
+    file.write_text(WRONG)   # now it returns, wrongly: the script's assertion says how
+    again = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=script.parent)
+    assert again.returncode == 1 and "AssertionError" in again.stderr and "Mismatched" in again.stderr, again.stderr
+
+    file.write_text(RIGHT)
+    fixed = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=script.parent)
+    assert fixed.returncode == 0 and "now returns what the check expects" in fixed.stdout, fixed.stderr
+    source = script.read_text()
+    assert "from softmax import softmax" in source and "softmax(x, axis=" in source and "same(got, expected)" in source
+
+
+def test_hidden_checks_are_never_reproduced(kata_cmd):
+    (kata_cmd.workspace / "softmax.py").write_text(RAISES)   # fails the hidden checks too
+    result = json.loads(kata_cmd("check", "softmax", "--json", "--seed", "5").stdout)
+    kata = find("softmax")
+    hidden = set(check_names(kata.files["hidden"]))
+    assert hidden and hidden <= {c["id"] for c in result["checks"] if c["status"] == "failed"}
+    kept = kata_cmd.workspace / ".kata" / "repro" / "softmax"
+    assert not {p.stem for p in kept.iterdir()} & hidden   # no tape of theirs is even kept
+    for check in sorted(hidden):
+        refused = kata_cmd("repro", "softmax", check)
+        assert refused.returncode == 2 and "hidden checks are never reproduced" in refused.stderr
+    assert not list((kata_cmd.workspace / "repro").glob("*sums*"))
+
+
+def test_repro_says_what_there_is_to_reproduce(kata_cmd):
+    assert "run `kata check softmax` first" in kata_cmd("repro", "softmax").stderr
+    (kata_cmd.workspace / "softmax.py").write_text(RIGHT)
+    assert kata_cmd("check", "softmax").returncode == 0
+    assert "failed no public check" in kata_cmd("repro", "softmax").stderr
+    (kata_cmd.workspace / "softmax.py").write_text(WRONG)
+    kata_cmd("check", "softmax")
+    said = kata_cmd("repro", "softmax", "input-not-modified").stderr
+    assert "did not fail in your last run" in said and "`matches-reference`" in said
+    assert "has no check `nope`" in kata_cmd("repro", "softmax", "nope").stderr
