@@ -52,7 +52,7 @@ def test_the_recorded_gradings_hold(slug, tmp_path, zygotes):
     kata = find(slug)
     chosen = regraded(kata)
     wrong = []
-    graded = regrade(kata, chosen, folder=tmp_path, zygote=zygotes(kata.framework), tapes="zoo-bugs")
+    graded = regrade(kata, chosen, folder=tmp_path, zygote=zygotes(kata.framework), tapes=("zoo-bugs", "oracles"))
     for subject, (said, result) in zip(chosen, graded):
         failed = [f"{c['id']}: {c['message']}" for c in result["checks"] if c["status"] != "passed"]
         if said:
@@ -64,13 +64,13 @@ def test_the_recorded_gradings_hold(slug, tmp_path, zygotes):
 
 
 def _a_failed_check_reproduces(kata, chosen, folder, zygote):
-    """`kata repro`'s script of a public check a zoo bug failed fails with the learner's own error
-    (an exception from the file, or the script's assertion), and passes once the file is fixed (the
-    reference in its place). Run here, in-process, as `python SCRIPT` runs it (a rank group's in a
-    process of its own, as its ranks must be)."""
-    for i, subject in enumerate(chosen):
+    """`kata repro`'s script of a public check a zoo bug (else a bug oracle) failed fails with the
+    learner's own error (an exception from the file, or the script's assertion), and passes once the
+    file is fixed (the reference in its place). Run here, in-process, as `python SCRIPT` runs it (a
+    rank group's in a process of its own, as its ranks must be)."""
+    for i, subject in sorted(enumerate(chosen), key=lambda pair: pair[1].rule != "zoo-bugs"):
         tapes, file = folder / str(i) / ".tapes", folder / str(i) / kata.learner_file
-        for check in (tape.index(tapes) or {"checks": []})["checks"] if subject.rule == "zoo-bugs" else ():
+        for check in (tape.index(tapes) or {"checks": []})["checks"]:
             made = repro.write(kata, tapes, folder / "repro", check, zygote=zygote)
             if made.asserted:
                 break
@@ -78,8 +78,8 @@ def _a_failed_check_reproduces(kata, chosen, folder, zygote):
             continue
         break
     else:
-        raise AssertionError(f"no zoo bug of {kata.slug} that the suite grades failed a public check that "
-                             "`kata repro` can assert")
+        raise AssertionError(f"no zoo bug or bug oracle of {kata.slug} that the suite grades failed a public "
+                             "check that `kata repro` can assert")
     error = _run(made.script, kata, file)
     assert error is not None, f"{made.script} passed on {subject.name}, which fails {made.check}"
     file.write_text(kata.files["reference"].read_text(encoding="utf-8"), encoding="utf-8")

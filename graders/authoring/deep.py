@@ -241,10 +241,10 @@ def record_problems(kata: Kata) -> list[str]:
 
 
 def regrade(kata: Kata, chosen: list[Subject], *, folder: Path, zygote: Zygote | None = None,
-            tapes: str = "") -> list[tuple[list[str], dict]]:
+            tapes: tuple[str, ...] = ()) -> list[tuple[list[str], dict]]:
     """Grade each of ``chosen`` at its sampled seed, all in one pytest session: what each result
     breaks of its rule and, where the record vouches for the kata, how it differs from the
-    record's entry (empty: nothing); and the result. The subjects of the rule ``tapes`` keep the
+    record's entry (empty: nothing); and the result. The subjects of the rules ``tapes`` keep the
     tapes of their failed public checks, each in ``folder/<i>/.tapes`` beside its file ``folder/<i>/``."""
     runs = []
     for i, subject in enumerate(chosen):
@@ -253,7 +253,7 @@ def regrade(kata: Kata, chosen: list[Subject], *, folder: Path, zygote: Zygote |
         path.write_text(subject.source(kata), encoding="utf-8")
         runs.append((path, sampled_seed(kata, subject)))
     results = grade_files(kata, runs, device="cpu", zygote=zygote,
-                          repro={i: folder / str(i) / ".tapes" for i, s in enumerate(chosen) if s.rule == tapes})
+                          repro={i: folder / str(i) / ".tapes" for i, s in enumerate(chosen) if s.rule in tapes})
     record = None if record_problems(kata) else read_record(kata)   # read once for the whole batch
     return [(_against_record(kata, subject, seed, result, record), result)
             for subject, (_, seed), result in zip(chosen, runs, results)]

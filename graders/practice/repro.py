@@ -52,7 +52,8 @@ def write(kata: Kata, tapes: Path, out: Path, check: str | None = None, zygote=N
     reference's sandbox is forked from ``zygote`` where one is given."""
     info = index(tapes)
     if info is None:
-        raise ReproError(f"No run of {kata.slug} to reproduce: run `kata check {kata.slug}` first.")
+        raise ReproError(f"No run of {kata.slug} to reproduce: run `kata check {kata.slug}` first (on a .py "
+                         "file: a notebook's run keeps no calls).")
     hidden = set(check_names(kata.files["hidden"])) if kata.files["hidden"].is_file() else set()
     if check in hidden:
         raise ReproError(f"`{check}` is a hidden check: hidden checks are never reproduced. Its name and "
@@ -138,6 +139,11 @@ def tolerance(kata: Kata, value, step: Step) -> dict:
 
 
 def _close(kata: Kata, got, want, step: Step) -> bool:
+    """What the script's ``same`` asserts: arrays and tensors of the same type and dtype, and the
+    same structure of values agreeing within the kata's tolerance (``expect.same``)."""
+    for g, w in zip(leaves(got), leaves(want)):
+        if _dtype(w) is not None and hasattr(w, "shape") and (type(g) is not type(w) or _dtype(g) != _dtype(w)):
+            return False
     return expect.same(got, want, **tolerance(kata, want, step))
 
 
