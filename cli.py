@@ -990,13 +990,14 @@ def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay
     # count in neither the rate nor the time left.
     to_grade = {pair.label for pair in todo if run.refusal(pair) is None}
     started = time.perf_counter()
-    done = graded = 0
+    done = set()   # the pairs saved, by label: one saved again as Ctrl-C stops the pool counts once
     with click.progressbar(length=len(todo), label="grading", show_pos=True, show_eta=False, file=sys.stderr,
                            item_show_func=lambda text: text) as progress:
         def advance(pair, result):
-            nonlocal done, graded
-            done += 1
-            graded += pair.label in to_grade
+            if pair.label in done:
+                return
+            done.add(pair.label)
+            graded = len(done & to_grade)
             progress.update(1, _progress_text(time.perf_counter() - started, graded, len(to_grade) - graded))
 
         try:
@@ -1005,10 +1006,10 @@ def grade_class(submissions, out, kata_names, jobs, force, learner_names, replay
         except KeyboardInterrupt:
             again = ("run the same command again without --force to grade the rest (with it, every pair "
                      "is graded again)" if force else "run the same command again to grade the rest")
-            click.echo(f"\nInterrupted: {done} of {len(todo)} pair(s) graded and saved; {again}.", err=True)
+            click.echo(f"\nInterrupted: {len(done)} of {len(todo)} pair(s) graded and saved; {again}.", err=True)
             sys.exit(130)
         except OSError as exc:   # a full disk, a read-only OUT: what was saved stays saved
-            raise EnvironmentProblem(f"Could not write to {out}: {exc.strerror or exc}. {done} of {len(todo)} "
+            raise EnvironmentProblem(f"Could not write to {out}: {exc.strerror or exc}. {len(done)} of {len(todo)} "
                                      "pair(s) were graded and saved; make room and run the same command again "
                                      "to grade the rest and write the class files.") from None
     elapsed = time.perf_counter() - started

@@ -8,6 +8,8 @@ import sys
 
 from graders.engine.manifest import find
 from graders.engine.plugin import check_names
+from graders.engine.tape import Handle, Step
+from graders.practice.repro import Writer
 
 RAISES = """import numpy as np
 
@@ -67,3 +69,16 @@ def test_repro_says_what_there_is_to_reproduce(kata_cmd):
     said = kata_cmd("repro", "softmax", "input-not-modified").stderr
     assert "did not fail in your last run" in said and "`matches-reference`" in said
     assert "has no check `nope`" in kata_cmd("repro", "softmax", "nope").stderr
+
+
+def test_a_name_the_learners_code_chose_reaches_the_script_as_a_name_only(tmp_path):
+    """A class's name comes from the learner's code (its __qualname__ is theirs to set): the script
+    names a variable after it, with letters, digits and _ only, and never runs it as code."""
+    evil = "Cache\nimport os; os.system('touch PWNED')  # "
+    steps = [Step(None, None, ["KVCache"], [8], {}, got=Handle(1, evil)),
+             Step(None, 1, ["reset"], [], {}, got=None)]
+    info = {"names": {}, "seed": 1, "file": str(tmp_path / "kv_cache.py")}
+    text, _, asserted = Writer(find("kv-cache"), steps, None, None, info, "reset-starts-a-new-sequence",
+                               None).script(tmp_path / "s.py")
+    compile(text, "s.py", "exec")
+    assert not asserted and "os.system" not in text and "systemtouch_pwned = KVCache(8)" in text

@@ -19,7 +19,6 @@ import ast
 import builtins
 import keyword
 import re
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,12 +79,6 @@ def write(kata: Kata, tapes: Path, out: Path, check: str | None = None, zygote=N
     np.savez(script.with_suffix(".npz"), **arrays)
     script.write_text(text, encoding="utf-8")
     return Repro(script, check, asserted)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- what the reference answers --------------------------------------------------------------------
@@ -427,4 +420,7 @@ def _parameters(stub: Path) -> dict:
 
 
 def _snake(name: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower() or "obj"
+    """A variable's name from a class's (which the learner's code chose: only letters, digits and _
+    are kept), ``PagedKVCache`` -> ``paged_kv_cache``."""
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", re.sub(r"\W", "", name)).lower()
+    return snake if re.match(r"[a-z_]", snake) else f"obj{snake}"
