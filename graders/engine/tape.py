@@ -101,7 +101,7 @@ def leaves(value):
 
 def save(folder: Path, tapes: dict[str, Tape], meta: dict):
     """Write ``tapes`` ({check id: tape}, in the order the checks failed) and ``meta`` (the kata,
-    the file, the seed, each check's name and case) into ``folder``, replacing what it held."""
+    the file, the seed, each check's name) into ``folder``, replacing what it held."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     for cid, tape in tapes.items():

@@ -91,14 +91,15 @@ def _expected(kata: Kata, steps: list[Step], seed: int, zygote) -> list[Outcome]
     reference = kata.files["reference"]
     if not reference.is_file():
         return None
-    ranks = sorted({s.rank for s in steps if s.rank is not None})
+    world = len({s.rank for s in steps} - {None})
     with sandbox_for(kata, reference, device="cpu", zygote=zygote) as sandbox:
-        learner = Learner(sandbox, device="cpu", seed=seed)
-        if not ranks:
-            return learner.replay(steps)
-        per_rank = learner.ranks(len(ranks)).each(lambda rank, each: each.replay([s for s in steps if s.rank == rank]))
-    taken = {rank: iter(outcomes) for rank, outcomes in enumerate(per_rank)}
-    return [next(taken[s.rank]) if s.rank is not None else Outcome(raised="not on a rank") for s in steps]
+        learner = Learner(sandbox, device="cpu", seed=seed)   # the calls made outside a rank group
+        answers = {None: learner.replay([s for s in steps if s.rank is None])}
+        if world:
+            answers |= enumerate(learner.ranks(world).each(
+                lambda rank, each: each.replay([s for s in steps if s.rank == rank])))
+    taken = {rank: iter(outcomes) for rank, outcomes in answers.items()}
+    return [next(taken[s.rank]) for s in steps]
 
 
 def _failing(kata: Kata, tape: Tape, expected: list[Outcome] | None) -> int | None:
@@ -119,15 +120,14 @@ def _failing(kata: Kata, tape: Tape, expected: list[Outcome] | None) -> int | No
 def tolerance(kata: Kata, value, step: Step) -> dict:
     """The kata's tolerance for the first floating-point leaf of ``value``, grown with the inputs'
     magnitude as the checks grow it; exact for integers."""
-    leaf = next((v for v in leaves(value) if _dtype(v) is not None and "float" in _dtype(v)), None)
-    if leaf is None:
+    floats = lambda v: [leaf for leaf in leaves(v) if "float" in (_dtype(leaf) or "")]
+    if not floats(value):
         return {"rtol": 0.0, "atol": 0.0}
-    floats = [v for v in leaves([step.args, step.kwargs, value]) if _dtype(v) is not None and "float" in _dtype(v)]
-    name = _dtype(leaf)
+    magnitude = expect.magnitude(*floats([step.args, step.kwargs, value]))
     try:
-        return kata.tolerance(name, expect.magnitude(*floats))
+        return kata.tolerance(_dtype(floats(value)[0]), magnitude)
     except KeyError:   # a dtype the kata states no tolerance for: the widest it states
-        tols = [kata.tolerance(d, expect.magnitude(*floats)) for d in kata.tolerances]
+        tols = [kata.tolerance(d, magnitude) for d in kata.tolerances]
         return max(tols, key=lambda t: t["rtol"]) if tols else {"rtol": 1e-3, "atol": 1e-5}
 
 
@@ -199,7 +199,7 @@ class Writer:
         self.arrays: dict[str, np.ndarray] = {}
         self.names: dict[int, str] = {}   # a sandbox object's handle -> its variable
         self.taken: set[str] = set()
-        self.params = _parameters(kata.stub_path)
+        self.params, self.inits = _parameters(kata.stub_path)
         self.torch = kata.framework == "torch" or any(_uses_torch([s.args, s.kwargs, s.got]) for s in steps)
 
     def script(self, path: Path) -> tuple[str, dict, bool]:
@@ -307,8 +307,8 @@ class Writer:
 
     def _arguments(self, step: Step) -> tuple[list[str], dict, list[str]]:
         names = self.params.get(step.path[-1] if step.path[-1] != "__call__" else "forward", [])
-        if step.handle is None and step.path[0] in self.params.get("__classes__", {}):
-            names = self.params["__classes__"][step.path[0]]
+        if step.handle is None and step.path[0] in self.inits:
+            names = self.inits[step.path[0]]
         setup, args = [], []
         for j, value in enumerate(step.args):
             hint = names[j] if j < len(names) else f"arg{j}"
@@ -400,9 +400,9 @@ def _needed(steps: list[Step], last: int) -> list[int]:
     return sorted(chosen)
 
 
-def _parameters(stub: Path) -> dict:
-    """{function or method name: its parameter names, self left out}, and under "__classes__" each
-    class's __init__'s: the names a script gives the arguments it passes."""
+def _parameters(stub: Path) -> tuple[dict, dict]:
+    """{function or method name: its parameter names, self left out}, and {class: its __init__'s}:
+    the names a script gives the arguments it passes."""
     found, classes = {}, {}
     for node in ast.parse(stub.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.FunctionDef):
@@ -415,8 +415,7 @@ def _parameters(stub: Path) -> dict:
                         classes[node.name] = names
                     else:
                         found.setdefault(item.name, names)
-    found["__classes__"] = classes
-    return found
+    return found, classes
 
 
 def _snake(name: str) -> str:
