@@ -124,7 +124,8 @@ def test_a_kata_changed_since_its_deep_lint_fails_naming_the_command(role, tmp_p
 
 
 def test_a_manifests_hints_and_catalogue_keys_need_no_deep_lint_and_its_graded_keys_do(tmp_path):
-    """The record hashes the manifest's keys that decide grades, whatever its comments and layout."""
+    """The record hashes the manifest's keys that decide grades, whatever its comments and layout, and
+    of its diagnoses the codes, not their prose."""
     manifest = find("softmax").files["manifest"]
     text, copy = manifest.read_text(), tmp_path / "kata.toml"
 
@@ -135,10 +136,12 @@ def test_a_manifests_hints_and_catalogue_keys_need_no_deep_lint_and_its_graded_k
 
     for ungraded in (text.replace("minutes = 10", "minutes = 12") + "\n# a comment\n",
                      text.replace("with the same `axis`.", "with the same axis."),
-                     text.replace('title = "Numerically stable softmax"', 'title = "Softmax"')):
+                     text.replace('title = "Numerically stable softmax"', 'title = "Softmax"'),
+                     text.replace("so slices along `axis` do not sum to 1.", "so its slices do not sum to 1.")):
         assert keys(ungraded) == graded_keys(manifest)
     for graded in (text.replace("stable-for-large-logits = 2", "stable-for-large-logits = 3"),
-                   text.replace("rtol = 1e-7", "rtol = 1e-6"), text.replace("timeout_s = 10", "timeout_s = 20")):
+                   text.replace("rtol = 1e-7", "rtol = 1e-6"), text.replace("timeout_s = 10", "timeout_s = 20"),
+                   text.replace("[diagnoses.softmax-global-max]", "[diagnoses.global-max]")):
         assert keys(graded) != graded_keys(manifest)
 
 

@@ -156,7 +156,8 @@ def _broken(kata: Kata, subject: Subject, got: dict) -> str | None:
 
 # The manifest's keys that decide no grade of a file: where the kata stands in the catalogue and how
 # long it takes, its tasks and their hints, its plots and its interview follow-ups (which the suite
-# checks at every run). Editing them needs no deep lint.
+# checks at every run). Editing them needs no deep lint. Of its diagnoses only the codes decide
+# grades: their explanations and fixes are prose, which `kata lint` checks at every run.
 UNGRADED = ("title", "summary", "order", "track", "difficulty", "minutes", "tasks", "plots", "followups")
 
 
@@ -170,8 +171,9 @@ def content(kata: Kata) -> dict[str, str]:
 
 
 def graded_keys(manifest: Path) -> str:
-    """The sha256 of a manifest's keys that decide grades (all but UNGRADED)."""
+    """The sha256 of a manifest's keys that decide grades (all but UNGRADED; of the diagnoses, their codes)."""
     keys = {k: v for k, v in tomllib.loads(manifest.read_text(encoding="utf-8")).items() if k not in UNGRADED}
+    keys["diagnoses"] = sorted(keys.get("diagnoses", {}))
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()
 
 
