@@ -330,16 +330,22 @@ def _roofline_answers():
 
 def _doc_masking_answers():
     """The doc-masking kata's numeric questions from its reference: the last token's position in a
-    packed row of three documents, and the pairs one document's prefix-LM mask allows."""
+    packed row of three documents, the pairs one document's prefix-LM mask allows, and the tokens
+    whose next token is in their own document."""
     import torch
 
     from reference import doc_masking
+
+    next_in_same_document = lambda ids: ids[1:] == ids[:-1]   # (T - 1,): token t + 1 in token t's document
 
     return {
         ("doc-masking", "last-position-id"): lambda p: int(doc_masking.position_ids(
             torch.tensor([0, p["a"], p["a"] + p["b"], p["a"] + p["b"] + p["c"]]))[-1]),
         ("doc-masking", "prefix-lm-pairs"): lambda p: int(doc_masking.prefix_lm_mask(
             torch.tensor([0, p["n"]]), torch.tensor([p["p"]])).sum()),
+        # A token has a target when the next token of the row is in its own document.
+        ("doc-masking", "packed-loss-targets"): lambda p: int(next_in_same_document(doc_masking.document_ids(
+            torch.tensor([0, p["a"], p["a"] + p["b"], p["a"] + p["b"] + p["c"]]))).sum()),
     }
 
 
@@ -539,9 +545,31 @@ def _paged_kv_answers():
             cache.append(i, torch.zeros(1, 1, 1), torch.zeros(1, 1, 1))
         return cache.allocator.num_blocks - cache.allocator.num_free()
 
+    def prefix_hits(P, b):
+        """vLLM's hash chain over two prompts that agree on their first P tokens: each full block
+        hashed with its parent's hash, the new prompt's blocks looked up until the first miss."""
+        def hashes(tokens):
+            chain, parent = [], None
+            for i in range(len(tokens) // b):   # full blocks only
+                parent = hash((parent, tuple(tokens[i * b:(i + 1) * b])))
+                chain.append(parent)
+            return chain
+
+        cached = set(hashes(list(range(P)) + [10**6] * (2 * b)))   # token P on differs
+        new = hashes(list(range(P)) + [2 * 10**6] * (2 * b))
+        return next((i for i, h in enumerate(new) if h not in cached), len(new))
+
+    def gather_copy_bytes(L, Hkv, hd):
+        """What the reference's gather writes and attention then reads again: its K and V, twice."""
+        cache = paged_kv.PagedKVCache(-(-L // 16), 16, Hkv, hd, dtype=torch.bfloat16)
+        cache.append(0, torch.zeros(L, Hkv, hd, dtype=torch.bfloat16), torch.zeros(L, Hkv, hd, dtype=torch.bfloat16))
+        return 2 * sum(t.nbytes for t in cache.gather(0))
+
     return {
         ("paged-kv", "blocks-held"): lambda p: blocks_held(p["L"], p["b"]),
         ("paged-kv", "forked-samples-blocks"): lambda p: blocks_in_use(p["P"], p["b"], p["n"]),
+        ("paged-kv", "prefix-cache-hits"): lambda p: prefix_hits(p["P"], p["b"]),
+        ("paged-kv", "gather-copy-bytes"): lambda p: gather_copy_bytes(p["L"], p["Hkv"], p["hd"]),
     }
 
 
