@@ -4,6 +4,7 @@ import math
 import torch
 
 from graders.engine import expect
+from graders.engine.failures import LearnerRaised
 from graders.engine.learner import describe_value
 from graders.engine.weights import normal
 
@@ -16,6 +17,10 @@ YARN_CASES = [(128, 10000.0, 16.0, 4096, None), (128, 10000.0, 32.0, 4096, None)
 LLAMA3_CASES = [(128, 500000.0, 8.0, 8192, None), (64, 500000.0, 32.0, 8192, None), (16, 500.0, 4.0, 64, (1.5, 6.0))]
 LINEAR_CASES = [(16, 10000.0, 4.0), (64, 10000.0, 2.5), (128, 500000.0, 8.0)]
 NTK_CASES = [(16, 10000.0, 4.0), (128, 10000.0, 8.0), (32, 500.0, 2.5)]
+# DeepSeek-V3's YaRN entry as its config.json writes it: the method under the legacy key "type" (Hugging
+# Face reads it as rope_type), whole numbers where floats are meant, and mscale keys that go to its attention.
+DEEPSEEK_V3_YARN = {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                    "original_max_position_embeddings": 4096, "type": "yarn"}
 # rope_scaling dicts with Hugging Face's keys; positions run past each original context.
 SCALINGS = [None,
             {"rope_type": "linear", "factor": 4.0},
@@ -25,7 +30,8 @@ SCALINGS = [None,
              "beta_slow": 2.0},
             {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 2048},
             {"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 1024, "low_freq_factor": 2.0,
-             "high_freq_factor": 8.0}]
+             "high_freq_factor": 8.0},
+            DEEPSEEK_V3_YARN]
 KIT_PAIRS = "pair i is (x[2i], x[2i+1]), θ_i = base^(-2i/head_dim)"
 
 
@@ -178,8 +184,19 @@ def test_scaled_rope_cos_sin(learner, bugs, kata):
         args = (positions, hd) if base == 10000.0 else (positions, hd, base)   # the default base too
         call = f"scaled_rope(positions, {hd}{'' if base == 10000.0 else f', {base:g}'}{', ' + shown if shown else ''})"
         case = (f"positions = {pos}; head_dim {hd}, base {base:g}; {str(dtype).removeprefix('torch.')}; "
-                "Position Interpolation's m·L/L' is its frequencies divided by the factor: cos(m·θ_i/s)")
-        got = learner.scaled_rope(*args, **kwargs)
+                "Position Interpolation's m·L/L' is its frequencies divided by the factor: cos(m·θ_i/s)"
+                + ("; DeepSeek-V3's entry as its config.json writes it, the method under 'type', the key's name "
+                   "before Hugging Face renamed it rope_type" if scaling is DEEPSEEK_V3_YARN else ""))
+        try:
+            got = learner.scaled_rope(*args, **kwargs)
+        except LearnerRaised as exc:
+            if exc.type_name is None or scaling is not DEEPSEEK_V3_YARN:
+                raise
+            expect.fail("scaled_rope raised on a config entry that names its method under the legacy key 'type': "
+                        "read `rope_scaling.get(\"rope_type\", rope_scaling.get(\"type\"))`, as Hugging Face does, "
+                        "and leave the keys you do not use (mscale, mscale_all_dim) alone.",
+                        call=call, case=case, got=exc.message, output=exc.output,
+                        expected=f"(cos, sin) of YaRN's frequencies, each ({len(pos)}, {hd // 2})")
         expect.that(type(got) is tuple and len(got) == 2, "scaled_rope must return a pair (cos, sin).", call=call,
                     case=case, got=describe_value(got), expected=f"tuple (cos, sin), each ({len(pos)}, {hd // 2})")
         expected = bugs.expected.cos_sin(positions, hd, base, scaling, dtype)
@@ -217,7 +234,7 @@ def test_interpolated_positions_land_on_trained_ones(learner, bugs, kata, case_r
 
 
 def test_unknown_rope_type_refused(learner):
-    """a rope_type the kata does not name raises ValueError (or AssertionError), never a silent default"""
+    """a rope_type the kata does not name, or a rope_scaling that names no method, raises ValueError (or AssertionError), never a silent default"""
     learner.scaled_rope(torch.arange(4), 8)   # a valid call first: only the unknown type may raise
     scaling = {"rope_type": "longrope", "factor": 4.0}
     expect.refused(lambda: learner.scaled_rope(torch.arange(4), 8, rope_scaling=scaling),
@@ -226,6 +243,15 @@ def test_unknown_rope_type_refused(learner):
                    expected="ValueError (or AssertionError) naming the unknown rope_type",
                    raised="An unknown rope_type failed somewhere inside instead of being refused: check it first.",
                    returned="An unknown rope_type came back with a result: a silent default hides a typo in a config.")
+    scaling = {"factor": 4.0, "original_max_position_embeddings": 2048}
+    expect.refused(lambda: learner.scaled_rope(torch.arange(4), 8, rope_scaling=scaling),
+                   call=f"scaled_rope(torch.arange(4), 8, rope_scaling={scaling!r})",
+                   case="neither rope_type nor its legacy name type: the dict names no method",
+                   expected="ValueError (or AssertionError) saying that no method is named",
+                   raised="A rope_scaling without rope_type or type failed somewhere inside instead of being refused: "
+                          "look for the method under both keys, and refuse the dict when neither is there.",
+                   returned="A rope_scaling that names no method came back with a result: a silent default drops "
+                            "the factor it gives.")
 
 
 def judge_attention(learner, bugs, kata, rng, device, B, H, T, hd, pos, scaling, factor, dtype):

@@ -76,10 +76,15 @@ def scaled_rope(positions: torch.Tensor, head_dim: int, base: float = 10000.0, r
                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)``, each ``(T, head_dim // 2)`` of ``dtype``, of the angles ``positions[t] * inv_freq[i]``
     where inv_freq is the method ``rope_scaling["rope_type"]`` names ("default", "linear", "ntk",
-    "yarn" or "llama3"; None is "default"), with Hugging Face's keys for its parameters.
-    Raises ValueError for another rope_type."""
-    s = rope_scaling or {"rope_type": "default"}
-    kind = s["rope_type"]
+    "yarn" or "llama3"; None is "default"), with Hugging Face's keys for its parameters. The legacy
+    key ``"type"`` names the method too (``rope_type`` wins when both are given).
+    Raises ValueError for another rope_type, and for a dict that names no method."""
+    s = {"rope_type": "default"} if rope_scaling is None else rope_scaling
+    # "type" is the key's name before Hugging Face renamed it rope_type: DeepSeek-V3's config and
+    # Qwen2.5's YaRN instructions still write it, and Hugging Face reads it as rope_type.
+    kind = s.get("rope_type", s.get("type"))
+    if kind is None:
+        raise ValueError(f"rope_scaling {s!r} names no method: give its rope_type (or the legacy key type)")
     if kind == "default":
         inv_freq = rope_inv_freq(head_dim, base)
     elif kind == "linear":

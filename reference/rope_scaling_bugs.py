@@ -10,7 +10,7 @@ from reference.rope_scaling import _rotate, rope_inv_freq, scaled_rope, yarn_inv
 def _scaled_rope_positions_too(positions, head_dim, base=10000.0, rope_scaling=None, dtype=torch.float32,
                                types=("linear",)):
     s = rope_scaling or {"rope_type": "default"}
-    if s["rope_type"] in types:
+    if s.get("rope_type", s.get("type")) in types:
         positions = positions.to(torch.float64) / s["factor"]   # the paper's m / s ...
     return scaled_rope(positions, head_dim, base, rope_scaling, dtype)   # ... on frequencies already divided
 

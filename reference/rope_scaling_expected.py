@@ -78,11 +78,17 @@ def apply_scaling(dim, base, scale_factor, old_context_len, low_freq_factor=1.0,
     return torch.tensor(new_freqs, dtype=torch.float64)
 
 
+def method(rope_scaling):
+    """The method a rope_scaling dict names, as Hugging Face reads it: rope_type, else the legacy key type."""
+    s = rope_scaling or {"rope_type": "default"}
+    return s.get("rope_type", s.get("type"))
+
+
 def inv_freq(dim, base, rope_scaling):
     """The frequencies a rope_scaling dict names, by the functions above. Position Interpolation
     is not among them: the paper divides positions (see ``cos_sin``)."""
     s = rope_scaling or {"rope_type": "default"}
-    kind = s["rope_type"]
+    kind = method(rope_scaling)
     if kind in ("default", "linear"):
         return default(dim, base)
     if kind == "ntk":
@@ -98,7 +104,7 @@ def cos_sin(positions, dim, base, rope_scaling, dtype):
     """(cos, sin) (T, dim/2) in dtype: Position Interpolation as Chen et al. write it, f(x, m·L/L'),
     the positions divided by the factor; the other methods by their frequencies."""
     s = rope_scaling or {"rope_type": "default"}
-    m = positions.double() / (s["factor"] if s["rope_type"] == "linear" else 1.0)   # (T,)
+    m = positions.double() / (s["factor"] if method(rope_scaling) == "linear" else 1.0)   # (T,)
     angle = torch.outer(m, inv_freq(dim, base, rope_scaling))   # (T, dim/2)
     return angle.cos().to(dtype), angle.sin().to(dtype)
 

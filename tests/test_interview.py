@@ -287,7 +287,7 @@ def test_the_katas_beyond_the_material_run_to_a_scorecard(tmp_path, slugs):
     assert card["status"] == "completed" and card["followups_right"] == len(p.questions)
 
 
-# The follow-ups written for the topics the content review found missing (one kata at least each).
+# The follow-ups written for the topics the content reviews found missing (one kata at least each).
 REVIEW_FOLLOWUPS = {
     "softmax": ["log-softmax", "upcast-to-float32"],
     "scaling-variance": ["logit-growth"],
@@ -305,6 +305,12 @@ REVIEW_FOLLOWUPS = {
     "rope": ["pi-angle", "llama31-scaling", "partial-rotary"],
     "attention-backward": ["delta-rowsum", "train-matmul-flops", "backward-loop-order"],
     "sliding-window": ["interleaved-cache-bytes", "global-tokens"],
+    # The second review's (content-2026-11b.md), on the katas of serving and architecture.
+    "paged-kv": ["prefix-cache-chain", "prefix-cache-hits", "gather-copy-bytes", "preemption", "padded-block-table"],
+    "doc-masking": ["boundaries-reach-the-kernel", "packed-loss-targets"],
+    "mla": ["absorbed-decode-intensity", "tp-replicates-latent"],
+    "rope-scaling": ["dynamic-ntk-and-kv-cache", "static-yarn-short-context"],
+    "tp-attention": ["sequence-parallel", "when-context-parallel"],
 }
 
 

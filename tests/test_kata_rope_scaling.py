@@ -165,6 +165,27 @@ def test_a_silent_default_for_an_unknown_rope_type_fails_that_check_alone(grade_
     assert "silent default" in checks_by_id(result)["unknown-rope-type-refused"]["message"]
 
 
+LEGACY_KEY_READ = """    kind = s.get("rope_type", s.get("type"))
+    if kind is None:
+        raise ValueError(f"rope_scaling {s!r} names no method: give its rope_type (or the legacy key type)")
+"""
+
+
+def test_the_legacy_key_type_is_read_and_a_dict_naming_no_method_refused(grade_source):
+    """DeepSeek-V3's entry says "type": "yarn": reading rope_type alone fails on it, and on a dict naming
+    no method; falling back to plain RoPE there, as Hugging Face does, fails the refusal alone."""
+    result = grade_source("rope-scaling", replaced(LEGACY_KEY_READ, '    kind = s["rope_type"]\n'))
+    assert failed(result) == {"scaled-rope-cos-sin", "unknown-rope-type-refused"}
+    checks = checks_by_id(result)
+    assert "KeyError" in checks["scaled-rope-cos-sin"]["message"]
+    assert "legacy" in checks["scaled-rope-cos-sin"]["message"]
+    assert "without rope_type or type" in checks["unknown-rope-type-refused"]["message"]
+    result = grade_source("rope-scaling", replaced(LEGACY_KEY_READ,
+                                                   '    kind = s.get("rope_type", s.get("type", "default"))\n'))
+    assert failed(result) == {"unknown-rope-type-refused"}
+    assert "names no method came back" in checks_by_id(result)["unknown-rope-type-refused"]["message"]
+
+
 def test_the_temperature_folded_into_cos_and_sin_fails_only_scaled_rope(grade_source):
     """Hugging Face's attention_scaling inside scaled_rope: the README asks for a pure rotation."""
     source = replaced("    return angle.cos().to(dtype), angle.sin().to(dtype)   # (T, hd/2) each",

@@ -504,10 +504,13 @@ def _linear_attention_answers():
 
 
 def _mla_answers():
-    """mla: numbers per token read off the cache the reference module returns (on meta tensors)."""
+    """mla: numbers per token read off the cache the reference module returns (on meta tensors), the
+    FLOPs its absorbed decoding step spends per cached token, and the share of one KV head a rank of the
+    tp-attention reference holds."""
     import torch
 
     from reference import mla
+    from reference import tp_attention as tp
 
     def cached_numbers(r, rope):
         with torch.device("meta"):
@@ -515,12 +518,33 @@ def _mla_answers():
             _, cache = m(torch.empty(1, 3, 8))
         return sum(t.numel() for t in cache) // 3
 
+    def absorbed_flops_per_cached_token(H, r, rope):
+        """FLOPs of an absorbed decoding step over a cache of 2 tokens minus one over 1: the new token's
+        projections cancel, what grows with the cache stays."""
+        with torch.device("meta"):
+            m = mla.MultiHeadLatentAttention(8, H, r, 2, rope, 2)
+            step = lambda t: _counted_flops(m, torch.empty(1, 1, 8), (torch.empty(1, t, r), torch.empty(1, t, rope)),
+                                            True)
+            return step(2) - step(1)
+
+    def latent_share_per_rank(p):
+        """The share of its one KV head a rank keeps when tp-attention's reference splits 128 query heads and
+        1 KV head over p ranks: MLA's latent, read by every query head, is that one KV head."""
+        hd, rows = 2, (128 + 2) * 2
+        weight, bias = torch.empty(rows, 8, device="meta"), torch.empty(rows, device="meta")
+        kept, _ = tp.shard_qkv(weight, bias, 128, 1, 0, p)
+        return (kept.shape[0] - 128 // p * hd) / (2 * hd)   # the rank's K and V rows over the head's
+
     return {
         ("mla", "gqa-equivalent-groups"): lambda p: cached_numbers(p["r"], p["rope"]) / mla.kv_cache_bytes_per_token(
             1, p["hd"], 1, 1),
         ("mla", "mha-over-mla"): lambda p: mla.kv_cache_bytes_per_token(p["H"], p["hd"], 1, 1) / cached_numbers(
             p["r"], p["rope"]),
         ("mla", "cache-gib"): lambda p: p["B"] * p["t"] * p["L"] * cached_numbers(p["r"], p["rope"]) * 2 / 2**30,
+        ("mla", "absorbed-decode-intensity"): lambda p: absorbed_flops_per_cached_token(p["H"], p["r"], p["rope"]) / (
+            cached_numbers(p["r"], p["rope"]) * p["b"]),
+        ("mla", "tp-replicates-latent"): lambda p: (p["B"] * p["t"] * p["L"] * cached_numbers(p["r"], p["rope"]) * 2
+                                                    * latent_share_per_rank(p["p"]) / 2**30),
     }
 
 

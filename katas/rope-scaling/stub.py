@@ -54,8 +54,9 @@ def scaled_rope(positions: torch.Tensor, head_dim: int, base: float = 10000.0, r
                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)``, each ``(T, head_dim // 2)`` of ``dtype``, of the angles ``positions[t] * inv_freq[i]``
     where inv_freq is the method ``rope_scaling["rope_type"]`` names ("default", "linear", "ntk",
-    "yarn" or "llama3"; None is "default"), with Hugging Face's keys for its parameters.
-    Raises ValueError for another rope_type."""
+    "yarn" or "llama3"; None is "default"), with Hugging Face's keys for its parameters. The legacy
+    key ``"type"`` names the method too (``rope_type`` wins when both are given).
+    Raises ValueError for another rope_type, and for a dict that names no method."""
     raise NotImplementedError("write scaled_rope")
 
 

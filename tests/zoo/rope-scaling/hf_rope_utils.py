@@ -88,7 +88,8 @@ ROPE_INIT_FUNCTIONS = {
 
 
 def scaled_rope(positions, head_dim, base=10000.0, rope_scaling=None, dtype=torch.float32):
-    rope_type = (rope_scaling or {}).get("rope_type", "default")
+    rope_scaling = rope_scaling or {"rope_type": "default"}
+    rope_type = rope_scaling.get("rope_type", rope_scaling.get("type"))   # BC: "rope_type" was originally "type"
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"Unrecognized rope_type: {rope_type}")
     inv_freq = ROPE_INIT_FUNCTIONS[rope_type](head_dim, base, rope_scaling)

@@ -60,24 +60,27 @@ def llama3_inv_freq(head_dim, base, factor, original_max_len, low_freq_factor=1.
 
 
 def scaled_rope(positions, head_dim, base=10000.0, rope_scaling=None, dtype=torch.float32):
-    if rope_scaling is None or rope_scaling["rope_type"] == "default":
+    kind = "default"
+    if rope_scaling is not None:
+        kind = rope_scaling["rope_type"] if "rope_type" in rope_scaling else rope_scaling.get("type")
+    if kind == "default":
         freqs = rope_inv_freq(head_dim, base)
-    elif rope_scaling["rope_type"] == "linear":
+    elif kind == "linear":
         freqs = linear_inv_freq(head_dim, base, rope_scaling["factor"])
-    elif rope_scaling["rope_type"] == "ntk":
+    elif kind == "ntk":
         freqs = ntk_inv_freq(head_dim, base, rope_scaling["factor"])
-    elif rope_scaling["rope_type"] == "yarn":
+    elif kind == "yarn":
         freqs = yarn_inv_freq(head_dim, base, rope_scaling["factor"],
                               rope_scaling["original_max_position_embeddings"],
                               beta_fast=rope_scaling.get("beta_fast", 32.0),
                               beta_slow=rope_scaling.get("beta_slow", 1.0))
-    elif rope_scaling["rope_type"] == "llama3":
+    elif kind == "llama3":
         freqs = llama3_inv_freq(head_dim, base, rope_scaling["factor"],
                                 rope_scaling["original_max_position_embeddings"],
                                 low_freq_factor=rope_scaling.get("low_freq_factor", 1.0),
                                 high_freq_factor=rope_scaling.get("high_freq_factor", 4.0))
     else:
-        raise ValueError("unknown rope_type " + str(rope_scaling["rope_type"]))
+        raise ValueError("unknown rope_type " + str(kind))
     cos = torch.empty(len(positions), head_dim // 2, dtype=torch.float64)
     sin = torch.empty(len(positions), head_dim // 2, dtype=torch.float64)
     for t, p in enumerate(positions.tolist()):

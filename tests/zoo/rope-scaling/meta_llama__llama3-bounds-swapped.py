@@ -65,7 +65,7 @@ def precompute_freqs_cis(positions, freqs):
 
 def scaled_rope(positions, head_dim, base=10000.0, rope_scaling=None, dtype=torch.float32):
     cfg = rope_scaling if rope_scaling is not None else {"rope_type": "default"}
-    t = cfg["rope_type"]
+    t = cfg.get("rope_type", cfg.get("type"))
     if t == "default":
         freqs = rope_inv_freq(head_dim, base)
     elif t == "linear":

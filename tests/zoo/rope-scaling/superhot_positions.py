@@ -56,20 +56,21 @@ def llama3_inv_freq(head_dim, base, factor, original_max_len, low_freq_factor=1.
 def scaled_rope(positions, head_dim, base=10000.0, rope_scaling=None, dtype=torch.float32):
     t = positions.to(torch.float64)
     cfg = rope_scaling or {"rope_type": "default"}
-    if cfg["rope_type"] in ("default", "linear"):
+    kind = cfg.get("rope_type", cfg.get("type"))
+    if kind in ("default", "linear"):
         inv_freq = rope_inv_freq(head_dim, base)
-        if cfg["rope_type"] == "linear":
+        if kind == "linear":
             t = t * (1 / cfg["factor"])   # SuperHOT: t *= self.scale, scale = 1/4 for 8K
-    elif cfg["rope_type"] == "ntk":
+    elif kind == "ntk":
         inv_freq = ntk_inv_freq(head_dim, base, cfg["factor"])
-    elif cfg["rope_type"] == "yarn":
+    elif kind == "yarn":
         inv_freq = yarn_inv_freq(head_dim, base, cfg["factor"], cfg["original_max_position_embeddings"],
                                  cfg.get("beta_fast", 32.0), cfg.get("beta_slow", 1.0))
-    elif cfg["rope_type"] == "llama3":
+    elif kind == "llama3":
         inv_freq = llama3_inv_freq(head_dim, base, cfg["factor"], cfg["original_max_position_embeddings"],
                                    cfg.get("low_freq_factor", 1.0), cfg.get("high_freq_factor", 4.0))
     else:
-        raise ValueError(cfg["rope_type"])
+        raise ValueError(f"unknown rope_type {kind}")
     freqs = t[:, None] * inv_freq[None, :]
     return torch.cos(freqs).to(dtype), torch.sin(freqs).to(dtype)
 

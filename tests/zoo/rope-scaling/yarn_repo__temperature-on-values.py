@@ -65,7 +65,7 @@ def llama3_inv_freq(head_dim, base, factor, original_max_len, low_freq_factor=1.
 
 def scaled_rope(positions, head_dim, base=10000.0, rope_scaling=None, dtype=torch.float32):
     rope_scaling = rope_scaling or {"rope_type": "default"}
-    kind = rope_scaling["rope_type"]
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
     scale = rope_scaling.get("factor", 1.0)
     if kind == "default":
         inv_freq = rope_inv_freq(head_dim, base)
