@@ -61,8 +61,9 @@ TEXTBOOK = [
     ("crossover_batch", (H100_FLOPS * 2, H100_BYTES, 1), 1978e12 / (2 * 3.35e12), "H100, fp8 weights and fp8 peak: ~295"),
     ("attention_decode_intensity", (64, 8, 4096, 16), 8.0, "Llama-2-70B, 64 query heads over 8 K/V heads, bf16 cache"),
     ("attention_decode_intensity", (32, 32, 4096, 16), 1.0, "Llama-2-7B, multi-head attention, bf16 cache"),
-    ("train_flops_per_token", (540_000_000_000, 118, 2048, 18432), 6 * 540 * 10**9 + 12 * 118 * 2048 * 18432,
-     "PaLM 540B: 118 layers, d_model 18432, 2048-token sequences"),
+    ("train_flops_per_token", (540_000_000_000, 118, 2048, 48 * 256), 6 * 540 * 10**9 + 12 * 118 * 2048 * 48 * 256,
+     "PaLM 540B: N = 540·10⁹ (its total count), 118 layers, n_heads·head_dim = 48 × 256 = 12,288 (not its "
+     "d_model), 2048-token sequences"),
 ]
 
 
@@ -392,7 +393,7 @@ def test_train_flops_per_token(learner, bugs, case_rng, rng):
 def test_mfu(learner, bugs):
     """mfu of runs of several sizes"""
     for tps, N, L, T, d, peak in [(3000, 6_442_450_944, 32, 4096, 4096, 989e12),
-                                  (250_000, 540_000_000_000, 118, 2048, 18432, 6144 * 275e12),
+                                  (238_300, 540_000_000_000, 118, 2048, 48 * 256, 6144 * 275e12),   # PaLM 540B: 46.2 %
                                   (1e6, 12 * 24 * 2048**2, 24, 2048, 2048, 64 * 312e12)]:
         expected = tps * (6 * N + 12 * L * T * d) / peak
         ask(learner, bugs, "mfu", (tps, N, L, T, d, peak), expected, case=f"{tps:,} tokens/s, N = {N:,}",

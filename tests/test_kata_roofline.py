@@ -66,6 +66,37 @@ def test_textbook_answers_are_the_references():
         assert close(getattr(ref, name)(*args), answer), (name, args, case)
 
 
+def test_the_palm_case_gives_the_papers_mfu():
+    # PaLM (Chowdhery et al., 2022), Appendix B: 238.3K tokens/s on 6,144 TPU v4 chips of 275 TFLOP/s
+    # is an MFU of 45.7 % without self-attention and 46.2 % with it, counting 6N + 12·L·H·Q·T with
+    # N = 540·10⁹ (its total count), L = 118, T = 2,048 and H·Q = 48 heads × 256 (Table 1).
+    N, L, T, d = next(args for name, args, _, case in TEXTBOOK if "PaLM" in case)
+    peak = 6144 * 275e12
+    assert (N, L, T) == (540 * 10**9, 118, 2048)
+    assert round(100 * ref.mfu(238.3e3, N, L, T, 0, peak), 1) == 45.7
+    assert round(100 * ref.mfu(238.3e3, N, L, T, d, peak), 1) == 46.2
+    # head_dim taken as d_model / n_heads = 384 gives d_model, 48 × 384, which the paper does not count with
+    assert round(100 * ref.mfu(238.3e3, N, L, T, 48 * 384, peak), 1) == 46.5
+
+
+def test_decode_attention_does_2_flops_per_byte_element_for_each_query_row_sharing_it():
+    # The rule the follow-ups state for decode attention: FLOPs per byte ≈ 2 × (query rows that use each cached
+    # number) / bytes per element, whatever the batch. Counted in bf16.
+    B, T, hd = 2, 64, 8
+    for H, Hkv, k in [(8, 8, 1), (8, 2, 1), (8, 2, 4)]:   # MHA; GQA, n_rep = 4; GQA with 4 query tokens each
+        q = torch.zeros(B, H, k, hd, dtype=torch.bfloat16)   # (B, H, k, hd)
+        kv = torch.zeros(B, Hkv, T, hd, dtype=torch.bfloat16)   # (B, H_kv, T, hd)
+        flops, _ = counted(attention, q, kv, kv)
+        assert flops / (2 * kv.nbytes) == 2 * (H // Hkv) * k / 2 == k * ref.attention_decode_intensity(H, Hkv, T, B)
+    # Absorbed MLA (DeepSeek-V3): 128 query heads use one cached 576-number latent as their key and its
+    # first 512 numbers as their value.
+    q = torch.zeros(B, 128, 1, 576, dtype=torch.bfloat16)   # (B, H, 1, 576)
+    latent = torch.zeros(B, 1, T, 576, dtype=torch.bfloat16)   # (B, 1, T, 576)
+    flops, _ = counted(attention, q, latent, latent[..., :512])
+    assert round(flops / latent.nbytes) == 242   # 2 · 128 · (576 + 512) / (576 · 2)
+    assert round(flops / latent.numel()) == 484   # an fp8 cache, 1 byte per number
+
+
 def test_reference_intensities_equal_the_flop_counter():
     rng = np.random.default_rng(0)
     for H, Hkv, T, B in [(8, 2, 37, 3), (4, 4, 16, 1), (6, 1, 9, 5)]:

@@ -310,8 +310,18 @@ def _cross_cache_bytes(cross_attention, B, Tk, d, n_heads=8):
 
 def _roofline_answers():
     """The roofline kata's numeric questions from its reference: decode attention's FLOPs per byte at
-    any T and batch, and a decode step on an H100's bf16 peak, whose bytes decide it (its bound says so)."""
+    any T and batch, and a decode step on an H100's bf16 peak, whose bytes decide it (its bound says so);
+    the experts' crossover batch, from the reference's crossover per expert; a tensor-parallel layer's
+    all-reduces against its matmuls, timed by the reference's decode_step on the GPU's share of the
+    weights; and the activations a GPT layer keeps, as autograd saves them on meta tensors."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
     from reference import roofline
+
+    H100 = {"hbm_bytes_per_s": 3.35e12, "flops_per_s": 989e12}   # bf16 peak
+    NVLINK = 450e9   # H100 NVLink, bytes/s each way per GPU
 
     def step_ms(p):
         seconds, bound = roofline.decode_step(p["N"] * 10**9, p["kvt"] * 2**20, p["T"], p["B"], p["bw"] * 10**12,
@@ -319,12 +329,61 @@ def _roofline_answers():
         assert bound == "memory", p
         return seconds * 1000
 
+    def all_reduce_over_matmul(p, d, tokens=65_536):
+        # A forward of `tokens` tokens through the GPU's 12·d²/p weights is a decode step of that batch
+        # with no cache: 2 FLOPs per weight per token, the weights read once. The tokens cancel.
+        matmul_s, bound = roofline.decode_step(12 * d**2 // p, 0, 0, tokens, **H100)
+        assert bound == "compute", (p, d)
+        activation = torch.empty(tokens, d, dtype=torch.bfloat16, device="meta")   # (tokens, d)
+        ring = 2 * (p - 1) / p * activation.nbytes   # a reduce-scatter and an all-gather, (p - 1)/p each
+        return 2 * ring / NVLINK / matmul_s   # two all-reduces: after attention, after the MLP
+
+    def activation_bytes(s, b, h, a):
+        """Bytes autograd keeps for the backward of a GPT-2 layer in bf16 (Korthikanti et al.'s layer)."""
+        def dropout(x):   # p = 0.1, its mask kept as 1 byte per element (meta tensors hold no values to draw)
+            return x * torch.empty_like(x, dtype=torch.bool) / 0.9
+
+        class Layer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+                self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+                self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+            def forward(self, x):
+                q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, a, h // a).permute(2, 0, 3, 1, 4)   # (b, a, s, h/a) each
+                weights = dropout(torch.softmax(q @ k.transpose(-2, -1) / (h // a) ** 0.5, dim=-1))   # (b, a, s, s)
+                x = x + dropout(self.proj((weights @ v).transpose(1, 2).reshape(b, s, h)))   # (b, s, h)
+                return x + dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))))   # (b, s, h)
+
+        with torch.device("meta"):
+            layer = Layer().to(torch.bfloat16)
+            x = torch.empty(b, s, h, dtype=torch.bfloat16, requires_grad=True)   # (b, s, h)
+        params = set(layer.parameters())
+        kept = []
+
+        def keep(t):
+            # Not the weights (nor their transposes), nor the LayerNorms' (b, s, 1) means and 1/stds,
+            # which the paper leaves out: 4·s·b numbers against 34·s·b·h bytes.
+            if (t if t._base is None else t._base) not in params and t.shape[-1] != 1:
+                kept.append(t.nbytes)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            layer(x)
+        return sum(kept)
+
     return {
         ("roofline", "gqa-decode-flops-per-byte"): lambda p: roofline.attention_decode_intensity(
             p["H"], p["Hkv"], 4096, 8, p["b"]),
         ("roofline", "decode-step-from-kv-per-token"): step_ms,
         ("roofline", "mfu-of-a-run"): lambda p: roofline.mfu(p["tps"], p["N"] * 10**9, p["L"], p["T"], p["d"],
                                                             p["P"] * 10**15),
+        ("roofline", "activation-bytes-per-layer"): lambda p: activation_bytes(p["s"], p["b"], p["h"], p["a"]),
+        # Each expert multiplies its weights by the B·k/E tokens routed to it: the crossover holds per expert.
+        ("roofline", "moe-decode-crossover"): lambda p: roofline.crossover_batch(
+            H100["flops_per_s"], H100["hbm_bytes_per_s"], p["b"]) * p["E"] / p["k"],
+        ("roofline", "tp-all-reduce-over-matmul"): lambda p: all_reduce_over_matmul(p["p"], p["d"]),
     }
 
 

@@ -1,9 +1,11 @@
 """The roofline of serving and training a transformer: time bounds, arithmetic intensity, MFU.
 
-Letters: N parameters (non-embedding), L layers, d d_model, H query heads, H_kv key/value heads,
-n_rep = H // H_kv, B batch (sequences), T tokens (cached, or in the prompt). A multiply-add is 2
-FLOPs. Bytes are bytes (8 bits); rates are per second: hbm_bytes_per_s (HBM bandwidth),
-flops_per_s (peak FLOP/s of the compute dtype).
+Letters: N parameters, counting every weight a token is multiplied by, the LM head's included (PaLM's
+N is its total count: its input embedding is its LM head); L layers; d = H * head_dim, the width of
+all query heads together (PaLM's H·Q), which is d_model only where head_dim = d_model / H; H query
+heads, H_kv key/value heads, n_rep = H // H_kv, B batch (sequences), T tokens (cached, or in the
+prompt). A multiply-add is 2 FLOPs. Bytes are bytes (8 bits); rates are per second:
+hbm_bytes_per_s (HBM bandwidth), flops_per_s (peak FLOP/s of the compute dtype).
 """
 
 
@@ -54,10 +56,11 @@ def prefill_intensity(B: int, T: int, n_heads: int, n_kv_heads: int, bytes_per_p
     """FLOPs per byte of a prefill of B prompts of T tokens, ``(weight matmuls, attention)`` apart.
 
     Weight matmuls: each weight is read once and used by all B * T tokens, 2 FLOPs each
-    (activations left out). Attention, as a fused kernel runs it (the scores never leave the
-    chip): FLOPs of Q @ Kᵀ and weights @ V over all T x T pairs (no causal discount); bytes: Q and
-    O, (B, H, T, hd), and K and V, (B, H_kv, T, hd), each read or written once at
-    bytes_per_element. head_dim is not an argument: it cancels.
+    (activations left out). Attention, fused (the scores never leave the chip): FLOPs of Q @ Kᵀ and
+    weights @ V over all T x T pairs (no causal discount); bytes: the compulsory ones, each tensor
+    touched once, Q and O, (B, H, T, hd), and K and V, (B, H_kv, T, hd), at bytes_per_element. So
+    the attention part is an upper bound: a tiled kernel reads K and V again for each tile of
+    queries. head_dim is not an argument: it cancels.
     """
     raise NotImplementedError("write prefill_intensity")
 
@@ -73,8 +76,9 @@ def crossover_batch(flops_per_s: float, hbm_bytes_per_s: float, bytes_per_param:
 
 
 def train_flops_per_token(N: int, L: int, T: int, d: int) -> int:
-    """Training FLOPs (forward and backward) per token of a decoder of N non-embedding
-    parameters, L layers and d = n_heads * head_dim, on sequences of T tokens.
+    """Training FLOPs (forward and backward) per token of a decoder of N parameters (every weight
+    a token is multiplied by, the LM head's included), L layers and d = n_heads * head_dim, on
+    sequences of T tokens.
 
     Counts the matmuls with the weights and attention's Q @ Kᵀ and weights @ V, forward and
     backward, as PaLM does (Chowdhery et al., 2022, Appendix B): no causal discount.
