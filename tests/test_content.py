@@ -248,17 +248,20 @@ def test_a_citation_of_the_authors_pages_is_found(tmp_path):
     assert not ok and what.startswith("README.md cites KATAS.md")
 
 
-def test_the_suite_grades_every_oracle_again_and_a_share_of_the_zoo_drawn_anew_when_the_engine_changes(
+def test_the_suite_grades_an_oracle_of_each_diagnosis_again_and_a_share_of_the_rest_drawn_anew_when_the_engine_changes(
         tmp_path, monkeypatch):
     from graders.authoring import deep
 
-    kata = find("causal-mask")
+    kata = find("kv-cache")
     every, chosen = subjects(kata), regraded(kata)
-    assert [s for s in every if not s.name.startswith("zoo ")] == [s for s in chosen if not s.name.startswith("zoo ")]
-    for rule in ("zoo-solutions", "zoo-bugs"):
-        of_rule = [s for s in every if s.rule == rule]
+    assert [s.rule for s in chosen[:3]] == ["reference", "stub", "tampering"]
+    first = [s for s in every if s.rule == "oracles" and "~" not in s.name]
+    assert {s.code for s in first} == {s.code for s in every if s.rule == "oracles"} and set(first) <= set(chosen)
+    variants = [s for s in every if s.rule == "oracles" and s not in first]
+    for rule, of_rule in (("oracles", variants), *((r, [s for s in every if s.rule == r])
+                                                    for r in ("zoo-solutions", "zoo-bugs"))):
         assert len(of_rule) > deep.ZOO_SHARE
-        assert len([s for s in chosen if s.rule == rule]) == -(-len(of_rule) // deep.ZOO_SHARE)
+        assert len([s for s in chosen if s in of_rule]) == -(-len(of_rule) // deep.ZOO_SHARE)
     engine = tmp_path / "engine"
     shutil.copytree(deep.ENGINE, engine, ignore=shutil.ignore_patterns("__pycache__"))
     (engine / "expect.py").write_text((engine / "expect.py").read_text() + "\n# a change\n")

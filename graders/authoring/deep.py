@@ -10,8 +10,9 @@ at every run, cheaply, that
 - the record matches the kata's files (else it names this command),
 - the record itself says every rule held (it is read, not trusted: ``problems`` judges its entries),
 - grading again, at one of its recorded seeds chosen from the fingerprint (``sampled_seed``), the
-  reference, the stub, the tampering probe, every bug oracle and a share of the style zoo
-  (``regraded``) gives exactly what the record says, so a record that lies is caught.
+  reference, the stub, the tampering probe, one bug oracle of each diagnosis, and a share of the
+  other oracles' variants and of the style zoo (``regraded``) gives exactly what the record says,
+  so a record that lies is caught.
 
 Why a few seeds then stand for twenty: a check's case structure is drawn from ``case_rng``, the
 same at every seed (engine/draws.py), and a dry run proves it for every check at every seed of
@@ -273,25 +274,28 @@ def _against_record(kata: Kata, subject: Subject, seed: int, result: dict, recor
     return said
 
 
-# The style zoo's share the suite grades again each run: one file in ZOO_SHARE of each rule.
+# The share the suite grades again each run of the bug oracles' further variants and of the style
+# zoo: one in ZOO_SHARE of each rule.
 ZOO_SHARE = 3
 ENGINE = Path(__file__).resolve().parents[1] / "engine"
 
 
 def regraded(kata: Kata) -> list[Subject]:
     """The subjects of the record the suite grades again: the reference, the stub, the tampering
-    probe and every bug oracle, each run, and of the style zoo's correct solutions and of its bugs
-    one in ZOO_SHARE each (at least one). The zoo's share is drawn from the fingerprint of the kata and
-    of the engine that grades it, so that a change of either draws another: every file of the zoo
-    is graded at every seed by `kata lint --deep`, and again by the suite over a few changes."""
+    probe and the first bug oracle of each diagnosis, each run, and one in ZOO_SHARE (at least one)
+    of the oracles' further variants, of the style zoo's correct solutions and of its bugs. The
+    share is drawn from the fingerprint of the kata and of the engine that grades it, so that a
+    change of either draws another: every variant and every file of the zoo is graded at every seed
+    by `kata lint --deep`, and again by the suite over a few changes."""
     engine = {f"engine/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(ENGINE.glob("*.py"))}
     key = fingerprint({**content(kata), **engine})
     draw = lambda s: hashlib.sha256(f"{key} {s.name}".encode()).hexdigest()
     every = subjects(kata)
-    chosen = {s.name for s in every if not s.name.startswith("zoo ")}
-    for rule in ("zoo-solutions", "zoo-bugs"):
-        zoo_files = sorted((s for s in every if s.rule == rule), key=draw)
-        chosen |= {s.name for s in zoo_files[:-(-len(zoo_files) // ZOO_SHARE)]}
+    chosen = {s.name for s in every if s.rule in ("reference", "stub", "tampering")
+              or (s.rule == "oracles" and "~" not in s.name)}   # a variant is named "oracle CODE~2"
+    for rule in ("oracles", "zoo-solutions", "zoo-bugs"):
+        drawn = sorted((s for s in every if s.rule == rule and s.name not in chosen), key=draw)
+        chosen |= {s.name for s in drawn[:-(-len(drawn) // ZOO_SHARE)]}
     return [s for s in every if s.name in chosen]
 
 
