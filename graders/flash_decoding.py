@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from graders.engine import expect
 from graders.engine.failures import CheckFailed, SandboxFailed, sentence
 from graders.engine.learner import describe_value
-from graders.engine.products import float_shapes, score_tiles
+from graders.engine.products import float_shapes, score_operands, score_tiles
 from graders.engine.recording import recorded
 from graders.engine.structure import banned_used, check_untampered
 from graders.engine.weights import normal
@@ -34,13 +34,22 @@ HALF_SHAPE = (2, 3, 1, 40, 8, (0, 9, 21, 33, 40), 5)   # ..., the cut for the me
 # Recorded products: head_dim = 6 is no chunk's length (14, 14, 12 and 5), so a product that
 # contracts head_dim is a chunk's scores and one that contracts the keys is not.
 CHUNK_SHAPE, CHUNK_SPLITS = (2, 3, 1, 40, 6), (3, 8)
-CASE = "q: {dtype} ({B}, {H}, {Tq}, {hd}), k and v: ({B}, {H}, {Tk}, {hd}), standard normal"
+# KV groups (B, H, H_kv, Tq, Tk, head_dim): groups of 2 and 3 query heads over 2 or 3 KV heads (the
+# grouping of h // n_rep and of h % H_kv then differ) and one KV head for all (MQA); one query and several.
+GQA_PARTIAL_CASES = [((2, 4, 2, 1, 13, 5), torch.float64), ((3, 6, 3, 3, 7, 4), torch.float32)]
+GQA_SPLIT_CASES = [((2, 6, 2, 1, 29, 5, 4), torch.float64), ((3, 4, 2, 2, 19, 6, 3), torch.float64),
+                   ((2, 4, 1, 1, 23, 5, 5), torch.float32)]
+# Recorded products of a grouped cache: head_dim = 7 is no split's length (14, 14 and 12), and the
+# 3 query rows of a group are fewer than any split's keys, so a score product's larger operand is its keys.
+READ_SHAPE, READ_SPLITS = (2, 6, 2, 1, 40, 7), 3
+CASE = "q: {dtype} ({B}, {H}, {Tq}, {hd}), k and v: ({B}, {Hkv}, {Tk}, {hd}), standard normal"
 HALF = (torch.float16, torch.bfloat16)
 
 
-def inputs(rng, B, H, Tq, Tk, hd, dtype=torch.float64):
-    """q (B, H, Tq, hd), k and v (B, H, Tk, hd): unit variance, so correctly scaled scores are too."""
-    return tuple(normal(rng, B, H, T, hd).to(dtype) for T in (Tq, Tk, Tk))
+def inputs(rng, B, H, Tq, Tk, hd, dtype=torch.float64, Hkv=None):
+    """q (B, H, Tq, hd), k and v (B, Hkv, Tk, hd) (Hkv = H unless given): unit variance, so correctly
+    scaled scores are too."""
+    return tuple(normal(rng, B, heads, T, hd).to(dtype) for heads, T in ((H, Tq), (Hkv or H, Tk), (Hkv or H, Tk)))
 
 
 def shifted(rng, B, H, Tq, Tk, hd, level, dtype=torch.float64):
@@ -58,8 +67,8 @@ def spread(rng, B, H, Tq, Tk, hd, dtype=torch.float64):
     return (q * math.sqrt(HUGE / 3)).to(dtype), (k * math.sqrt(HUGE / 3)).to(dtype), v.to(dtype)
 
 
-def case_text(B, H, Tq, Tk, hd, dtype=torch.float64, about=""):
-    text = CASE.format(dtype=str(dtype).removeprefix("torch."), B=B, H=H, Tq=Tq, Tk=Tk, hd=hd)
+def case_text(B, H, Tq, Tk, hd, dtype=torch.float64, about="", Hkv=None):
+    text = CASE.format(dtype=str(dtype).removeprefix("torch."), B=B, H=H, Hkv=Hkv or H, Tq=Tq, Tk=Tk, hd=hd)
     return text + (f"; {about}" if about else "")
 
 
@@ -69,13 +78,16 @@ def wide(dtype) -> torch.dtype:
 
 
 def sdpa(q, k, v):
-    """F.scaled_dot_product_attention in float64 (no mask: one query attends to the whole cache)."""
-    return F.scaled_dot_product_attention(q.double(), k.double(), v.double())   # (B, H, Tq, hd)
+    """F.scaled_dot_product_attention in float64 (no mask: one query attends to the whole cache;
+    k and v with H_kv heads read by groups of query heads, enable_gqa)."""
+    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)   # (B, H, Tq, hd)
 
 
 def logsumexp(q, k):
-    """torch.logsumexp of the scaled scores over the keys, in float64."""
-    scores = q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.size(-1))   # (B, H, Tq, Tk)
+    """torch.logsumexp of the scaled scores over the keys, in float64 (query head h against KV head
+    h // n_rep)."""
+    k = k.double().repeat_interleave(q.size(1) // k.size(1), dim=1)   # (B, H, Tk, hd)
+    scores = q.double() @ k.transpose(-2, -1) / math.sqrt(q.size(-1))   # (B, H, Tq, Tk)
     return torch.logsumexp(scores, dim=-1)   # (B, H, Tq)
 
 
@@ -181,7 +193,8 @@ MERGED_AGAINST = ("Σ_j softmax(lses)_j · out_j in float64", "torch.logsumexp(l
 def conditioning(q, k):
     """The largest sum of |q_d k_d| / sqrt(head_dim) of any (query, key): an honest rounding of a
     score moves it by a few ulps of this, not of the score."""
-    return float((q.double().abs() @ k.double().abs().transpose(-2, -1)).amax()) / math.sqrt(q.size(-1))
+    k = k.double().abs().repeat_interleave(q.size(1) // k.size(1), dim=1)   # (B, H, Tk, hd): each query head's keys
+    return float((q.double().abs() @ k.transpose(-2, -1)).amax()) / math.sqrt(q.size(-1))
 
 
 def split_call(n):
@@ -216,6 +229,23 @@ def recorded_split(learner, q, k, v, n):
 
 # --- checks --------------------------------------------------------------------------------------
 
+def judge_partial(learner, bugs, kata, q, k, v, *, case, device):
+    """partial_attention(q, k, v) equals SDPA over the chunk and torch.logsumexp of its scaled
+    scores, in q's dtype, each to a rounding of its scores' conditioning."""
+    dtype, scores = q.dtype, conditioning(q, k)
+    out_tol = kata.tolerance(dtype, magnitude=scores * expect.magnitude(v))
+    lse_tol = kata.tolerance(dtype, magnitude=scores)
+    call = "partial_attention(q, k_chunk, v_chunk)"
+    got = learner.partial_attention(q, k, v)
+    diagnose = diagnose_with(bugs, got, "partial_attention", q, k, v, dtype=dtype,
+                             tol=kata.tolerance("float32", magnitude=scores * expect.magnitude(v)))
+    tensors(got, call=call, case=case, name="partial_attention", diagnose=diagnose)
+    expected = sdpa(q, k, v).to(dtype), logsumexp(q, k).to(dtype)
+    for i, (what, tol) in enumerate((("the output", out_tol), ("lse", lse_tol))):
+        expect.array(got[i], expected[i], call=call, case=case, what=what, diagnose=diagnose, device=device,
+                     against=PARTIAL_AGAINST[i], **tol, float32_inside=expect.float32_inside(kata, dtype))
+
+
 def test_partial_matches_sdpa(learner, bugs, kata, rng, device):
     """partial_attention: out equals SDPA over the chunk and lse (B, H, Tq) torch.logsumexp of its scaled scores, float64 and float32, scores near 1e3 too"""
     cases = [(inputs(rng, *shape, dtype=dtype), dtype, "") for shape, dtype in PARTIAL_CASES]
@@ -226,18 +256,8 @@ def test_partial_matches_sdpa(learner, bugs, kata, rng, device):
                "minus any but the largest overflows)") for dtype in (torch.float64, torch.float32)]
     for (q, k, v), dtype, about in cases:
         B, H, Tq, hd = q.shape
-        scores = conditioning(q, k)
-        out_tol = kata.tolerance(dtype, magnitude=scores * expect.magnitude(v))
-        lse_tol = kata.tolerance(dtype, magnitude=scores)
-        call, case = "partial_attention(q, k_chunk, v_chunk)", case_text(B, H, Tq, k.size(-2), hd, dtype, about)
-        got = learner.partial_attention(q, k, v)
-        diagnose = diagnose_with(bugs, got, "partial_attention", q, k, v, dtype=dtype,
-                                 tol=kata.tolerance("float32", magnitude=scores * expect.magnitude(v)))
-        tensors(got, call=call, case=case, name="partial_attention", diagnose=diagnose)
-        expected = sdpa(q, k, v).to(dtype), logsumexp(q, k).to(dtype)
-        for i, (what, tol) in enumerate((("the output", out_tol), ("lse", lse_tol))):
-            expect.array(got[i], expected[i], call=call, case=case, what=what, diagnose=diagnose, device=device,
-                         against=PARTIAL_AGAINST[i], **tol, float32_inside=expect.float32_inside(kata, dtype))
+        judge_partial(learner, bugs, kata, q, k, v, case=case_text(B, H, Tq, k.size(-2), hd, dtype, about),
+                      device=device)
 
 
 def test_partial_empty_chunk(learner, bugs, kata, rng, device):
@@ -321,6 +341,21 @@ def test_split_any_count(learner, bugs, kata, rng, device):
         judge_split(learner, bugs, kata, q, k, v, n, device=device, case=case_text(B, H, Tq, Tk, hd, about=about))
 
 
+def test_gqa_matches_sdpa(learner, bugs, kata, rng, device):
+    """KV groups: k and v with H_kv heads, query head h reading KV head h // (H // H_kv): partial_attention and split_kv_decode equal SDPA with enable_gqa=True, several H / H_kv, one query and several"""
+    for (B, H, Hkv, Tq, Tc, hd), dtype in GQA_PARTIAL_CASES:
+        q, k, v = inputs(rng, B, H, Tq, Tc, hd, dtype, Hkv=Hkv)
+        about = f"groups of {H // Hkv} query heads: head h reads KV head h // {H // Hkv}"
+        judge_partial(learner, bugs, kata, q, k, v, case=case_text(B, H, Tq, Tc, hd, dtype, about, Hkv=Hkv),
+                      device=device)
+    for (B, H, Hkv, Tq, Tk, hd, n), dtype in GQA_SPLIT_CASES:
+        q, k, v = inputs(rng, B, H, Tq, Tk, hd, dtype, Hkv=Hkv)
+        about = (f"groups of {H // Hkv} query heads: head h reads KV head h // {H // Hkv}"
+                 f"{' (one KV head for all: MQA)' if Hkv == 1 else ''}; splits of {math.ceil(Tk / n)} keys")
+        judge_split(learner, bugs, kata, q, k, v, n, device=device,
+                    case=case_text(B, H, Tq, Tk, hd, dtype, about, Hkv=Hkv))
+
+
 def test_half_inputs_merge_in_float32(learner, bugs, kata, rng, device):
     """half precision: float16 inputs give float32 partials; merge_partials keeps float32 partials with lses near 100 to float32's tolerance; split_kv_decode on float16 inputs is within float16 rounding of the float64 answer"""
     B, H, Tq, Tk, hd, cuts, n = HALF_SHAPE
@@ -379,16 +414,49 @@ def test_splits_are_chunks(learner, bugs, kata, rng, device):
     check_untampered(learner, call=call, case=case)
 
 
+def key_reads(ops, hd) -> list[int]:
+    """The values each recorded score product (a product that contracts head_dim) read of the keys:
+    its larger operand, the split's keys against a group's few query rows."""
+    return [max(math.prod(shape) for shape in shapes) for shapes in score_operands(ops, hd) if shapes]
+
+
+def test_kv_read_once_per_group(learner, bugs, kata, rng, device):
+    """KV groups read once: split_kv_decode's score products read each KV head of the cache once for its whole group of query heads, never a copy per query head (recorded calls)"""
+    B, H, Hkv, Tq, Tk, hd = READ_SHAPE
+    n, n_rep = READ_SPLITS, H // Hkv
+    q, k, v = inputs(rng, B, H, Tq, Tk, hd, Hkv=Hkv)
+    call = split_call(n)
+    case = case_text(B, H, Tq, Tk, hd, Hkv=Hkv, about=f"groups of {n_rep} query heads; every torch call recorded; a "
+                     f"chunk's scores are a matrix product (@, matmul, bmm, einsum) that contracts head_dim = {hd}")
+    _, ops = recorded_split(learner, q, k, v, n)
+    need, cache = B * H * Tq * Tk, B * Hkv * Tk * hd
+    expect.that(sum(score_blocks(ops, hd)) >= need, "Fewer scores were computed as matrix products than there are "
+                "(query head, key) pairs: compute each split's scores with @, matmul, bmm or einsum.", call=call,
+                case=case, got=f"{sum(score_blocks(ops, hd)):,} scores from products contracting head_dim = {hd}",
+                expected=f"at least {need:,}: B · H · Tq · Tk")
+    read = sum(key_reads(ops, hd))
+    expect.that(read <= cache, f"The score products read the cached keys {read / cache:.3g} times over, where once "
+                f"is enough: a KV head serves its {n_rep} query heads at once (k brought up to H heads, or a loop over "
+                "the query heads, reads it once per query head). Put a group's query heads in the rows of one matrix, "
+                "q.reshape(B, H_kv, n_rep * Tq, head_dim), and multiply it by the chunk's keys as they are: a 1-row "
+                "product per head becomes one n_rep-row product per KV head.", call=call, case=case,
+                got=f"{read:,} key values read by the score products",
+                expected=f"at most {cache:,}: B · H_kv · Tk · head_dim, each cached key once",
+                diagnose=lambda: "kv-read-per-query-head")
+    check_untampered(learner, call=call, case=case)
+
+
 def test_rejects_bad_arguments(learner, rng):
-    """n_splits < 1 and an empty cache (Tk = 0) raise ValueError or AssertionError"""
+    """n_splits < 1, an empty cache (Tk = 0) and KV heads that do not divide the query heads raise ValueError or AssertionError"""
     B, H, hd = 2, 3, 5
     q, k, v = inputs(rng, B, H, 1, 10, hd)
     learner.split_kv_decode(q, k, v, 3)   # a valid call first: only bad ones may raise
-    empty = k[:, :, :0], v[:, :, :0]
+    empty, two_heads = (k[:, :, :0], v[:, :, :0]), (k[:, :2], v[:, :2])
     for (kk, vv), n, why, hang in (((k, v), 0, "n_splits = 0: no split to attend", "ceil(Tk / 0)"),
                                    ((k, v), -2, "n_splits = -2", "a loop that steps by a negative chunk"),
-                                   (empty, 2, "an empty cache (Tk = 0): the query has no key", "")):
-        call, case = split_call(n), case_text(B, H, 1, kk.size(-2), hd, about=why)
+                                   (empty, 2, "an empty cache (Tk = 0): the query has no key", ""),
+                                   (two_heads, 2, "2 KV heads for 3 query heads: no whole number of groups", "")):
+        call, case = split_call(n), case_text(B, H, 1, kk.size(-2), hd, about=why, Hkv=kk.size(1))
         wanted = "ValueError (or AssertionError) naming the bad argument"
         try:
             expect.refused(lambda: learner.split_kv_decode(q, kk, vv, n), call=call, case=case, expected=wanted,

@@ -8,12 +8,17 @@ from graders.flash_decoding import (WHOLE_AGAINST, case_text, cut_text, inputs, 
                                     logsumexp, partials, sdpa, tensors)
 
 
+# (H, H_kv): groups of 2 to 4 query heads over 2 to 4 KV heads, where h // n_rep and h % H_kv differ.
+GROUPS = ((4, 2), (6, 2), (6, 3), (8, 2), (8, 4))
+
+
 def fresh_shape(case_rng):
-    """(B, H, Tq, Tk, head_dim) drawn from case_rng: B != H != head_dim, one query or a few, a cache of 5 to 60 keys."""
-    H = int(case_rng.integers(2, 5))
+    """(B, H, H_kv, Tq, Tk, head_dim) drawn from case_rng: B != H != head_dim, one query or a few, a
+    cache of 5 to 60 keys, KV groups of GROUPS."""
+    H, Hkv = GROUPS[int(case_rng.integers(len(GROUPS)))]
     B = int(case_rng.choice([b for b in (2, 3, 4) if b != H]))
     hd = int(case_rng.choice([n for n in range(3, 11) if n != H]))
-    return B, H, int(case_rng.choice([1, 1, 2, 3])), int(case_rng.integers(5, 61)), hd
+    return B, H, Hkv, int(case_rng.choice([1, 1, 2, 3])), int(case_rng.integers(5, 61)), hd
 
 
 def fresh_cuts(case_rng, Tk, n):
@@ -22,28 +27,29 @@ def fresh_cuts(case_rng, Tk, n):
 
 
 def test_fresh_shapes_match_sdpa(learner, bugs, kata, case_rng, rng, device):
-    """other shapes and split counts: split_kv_decode equals SDPA, and merge_partials on another cut equals attention over all the keys"""
-    B, H, Tq, Tk, hd = fresh_shape(case_rng)
-    q, k, v = inputs(rng, B, H, Tq, Tk, hd)
+    """other shapes, KV groups and split counts: split_kv_decode equals SDPA, and merge_partials on another cut equals attention over all the keys"""
+    B, H, Hkv, Tq, Tk, hd = fresh_shape(case_rng)
+    q, k, v = inputs(rng, B, H, Tq, Tk, hd, Hkv=Hkv)
     for n in (int(case_rng.integers(2, Tk)), int(case_rng.integers(Tk + 1, 2 * Tk))):
         chunk = math.ceil(Tk / n)
-        about = f"splits of {chunk} keys, {n - math.ceil(Tk / chunk)} empty"
-        judge_split(learner, bugs, kata, q, k, v, n, device=device, case=case_text(B, H, Tq, Tk, hd, about=about))
+        about = f"groups of {H // Hkv} query heads; splits of {chunk} keys, {n - math.ceil(Tk / chunk)} empty"
+        judge_split(learner, bugs, kata, q, k, v, n, device=device,
+                    case=case_text(B, H, Tq, Tk, hd, about=about, Hkv=Hkv))
     cuts = fresh_cuts(case_rng, Tk, int(case_rng.integers(2, min(Tk, 8))))
     outs, lses = partials(q, k, v, cuts, torch.float64)
     judge_merge(learner, bugs, kata, outs, lses, (sdpa(q, k, v), logsumexp(q, k)), call="merge_partials(outs, lses)",
-                case=case_text(B, H, Tq, Tk, hd, about=cut_text(cuts)), against=WHOLE_AGAINST, device=device)
+                case=case_text(B, H, Tq, Tk, hd, about=cut_text(cuts), Hkv=Hkv), against=WHOLE_AGAINST, device=device)
 
 
 def test_merges_compose(learner, bugs, kata, case_rng, rng, device):
     """merges compose: a tree of pairwise merges of the partials, in a shuffled order, equals attention over all the keys"""
-    B, H, Tq, Tk, hd = fresh_shape(case_rng)
-    q, k, v = inputs(rng, B, H, Tq, Tk, hd)
+    B, H, Hkv, Tq, Tk, hd = fresh_shape(case_rng)
+    q, k, v = inputs(rng, B, H, Tq, Tk, hd, Hkv=Hkv)   # the partials of a grouped cache: the merge sees (B, H, Tq)
     cuts = fresh_cuts(case_rng, Tk, int(case_rng.integers(4, min(Tk, 9))))
     outs, lses = partials(q, k, v, cuts, torch.float64)
     order = [int(i) for i in case_rng.permutation(len(outs))]
     call = "merge_partials([out_a, out_b], [lse_a, lse_b]) on pairs, then on pairs of merged pairs"
-    case = case_text(B, H, Tq, Tk, hd, about=cut_text(cuts) + f", merged pairwise in the order {order}")
+    case = case_text(B, H, Tq, Tk, hd, about=cut_text(cuts) + f", merged pairwise in the order {order}", Hkv=Hkv)
     level = [(outs[i], lses[i]) for i in order]
     while len(level) > 1:   # one level of the tree: neighbours merged, an odd one out carried up
         merged_ = [learner.merge_partials([a[0], b[0]], [a[1], b[1]]) for a, b in zip(level[::2], level[1::2])]

@@ -9,27 +9,34 @@ def partial_attention(q: torch.Tensor, k_chunk: torch.Tensor,
                       v_chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q over one chunk of the keys, normalised within the chunk.
 
-    q ``(B, H, Tq, head_dim)`` (Tq = 1 when decoding), k_chunk and v_chunk ``(B, H, Tc, head_dim)``.
-    Returns ``(out, lse)``: out ``(B, H, Tq, head_dim)`` = softmax(q k_chunkᵀ / sqrt(head_dim)) v_chunk
-    and lse ``(B, H, Tq)`` = the natural log of the sum of exp(score) over the chunk's keys. Both
-    come back in q's dtype promoted to at least float32 (float16 and bfloat16 inputs give float32
+    q ``(B, H, Tq, head_dim)`` (Tq = 1 when decoding), k_chunk and v_chunk ``(B, H_kv, Tc, head_dim)``
+    with H_kv dividing H: query head h reads KV head h // (H // H_kv) (H_kv = H is plain multi-head
+    attention). Returns ``(out, lse)``: out ``(B, H, Tq, head_dim)`` = softmax(q k_chunkᵀ / sqrt(head_dim))
+    v_chunk and lse ``(B, H, Tq)`` = the natural log of the sum of exp(score) over the chunk's keys.
+    Both come back in q's dtype promoted to at least float32 (float16 and bfloat16 inputs give float32
     partials, as Flash-Decoding's kernels store them). An empty chunk (Tc = 0) gives out = 0 and
-    lse = -inf: it holds no weight at all.
+    lse = -inf: it holds no weight at all. Raises ValueError when H_kv does not divide H.
     """
     B, H, Tq, hd = q.shape
-    Tc = k_chunk.size(-2)
+    Hkv, Tc = k_chunk.size(1), k_chunk.size(-2)
+    if H % Hkv != 0:
+        raise ValueError(f"q's {H} heads are not a whole number of groups of k's {Hkv} KV heads")
+    n_rep = H // Hkv   # query heads per KV head: the group size
     acc_dtype = torch.promote_types(q.dtype, torch.float32)   # partials are never kept in half precision
     if Tc == 0:   # no keys: no weight (exp(lse) = 0), and an output that any weight 0 cancels
         return (q.new_zeros(B, H, Tq, hd, dtype=acc_dtype),
                 q.new_full((B, H, Tq), float("-inf"), dtype=acc_dtype))
-    q, k_chunk, v_chunk = q.to(acc_dtype), k_chunk.to(acc_dtype), v_chunk.to(acc_dtype)
-    s = (q @ k_chunk.transpose(-2, -1)) / math.sqrt(hd)   # (B, H, Tq, Tc)
-    m = s.amax(dim=-1)   # (B, H, Tq) the chunk's largest score per query
-    p = torch.exp(s - m[..., None])   # (B, H, Tq, Tc), each <= 1: no overflow
-    l = p.sum(dim=-1)   # (B, H, Tq), >= 1
-    out = (p @ v_chunk) / l[..., None]   # (B, H, Tq, hd) normalised within the chunk
-    lse = m + torch.log(l)   # (B, H, Tq) log sum exp(s) = m + log sum exp(s - m)
-    return out, lse
+    # A group's n_rep query heads become the rows of one matrix (heads g*n_rep .. g*n_rep + n_rep - 1
+    # are adjacent): each KV head is read once for its whole group, never copied per query head.
+    q = q.to(acc_dtype).reshape(B, Hkv, n_rep * Tq, hd)   # (B, Hkv, n_rep*Tq, hd)
+    k_chunk, v_chunk = k_chunk.to(acc_dtype), v_chunk.to(acc_dtype)
+    s = (q @ k_chunk.transpose(-2, -1)) / math.sqrt(hd)   # (B, Hkv, n_rep*Tq, Tc)
+    m = s.amax(dim=-1)   # (B, Hkv, n_rep*Tq) the chunk's largest score per query
+    p = torch.exp(s - m[..., None])   # (B, Hkv, n_rep*Tq, Tc), each <= 1: no overflow
+    l = p.sum(dim=-1)   # (B, Hkv, n_rep*Tq), >= 1
+    out = (p @ v_chunk) / l[..., None]   # (B, Hkv, n_rep*Tq, hd) normalised within the chunk
+    lse = m + torch.log(l)   # (B, Hkv, n_rep*Tq) log sum exp(s) = m + log sum exp(s - m)
+    return out.reshape(B, H, Tq, hd), lse.reshape(B, H, Tq)   # the rows back to their query heads
 
 
 def merge_partials(outs, lses) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,11 +68,13 @@ def split_kv_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_splits:
     """softmax(q kᵀ / sqrt(head_dim)) v for one decoding step, the cache split into n_splits chunks.
 
     q ``(B, H, Tq, head_dim)`` (Tq = 1 when decoding: the new token attends to the whole cache, no
-    mask), k and v ``(B, H, Tk, head_dim)``. The keys are split into n_splits contiguous chunks of
-    ceil(Tk / n_splits) keys (the last ones shorter, or empty when n_splits > Tk), each
-    attended by partial_attention, the partials merged by merge_partials. Returns out
-    ``(B, H, Tq, head_dim)`` in q's dtype, equal to F.scaled_dot_product_attention(q, k, v) for
-    every n_splits. Raises ValueError when n_splits < 1 or when the cache is empty (Tk = 0).
+    mask), k and v ``(B, H_kv, Tk, head_dim)`` with H_kv dividing H (query head h reads KV head
+    h // (H // H_kv), the grouping of F.scaled_dot_product_attention(..., enable_gqa=True)). The
+    keys are split into n_splits contiguous chunks of ceil(Tk / n_splits) keys (the last ones
+    shorter, or empty when n_splits > Tk), each attended by partial_attention, the partials merged
+    by merge_partials. Returns out ``(B, H, Tq, head_dim)`` in q's dtype, equal to
+    F.scaled_dot_product_attention(q, k, v, enable_gqa=True) for every n_splits. Raises ValueError
+    when n_splits < 1, when the cache is empty (Tk = 0) or when H_kv does not divide H.
     """
     Tk = k.size(-2)
     if n_splits < 1:
@@ -74,7 +83,7 @@ def split_kv_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_splits:
         raise ValueError("the KV cache is empty: a query needs at least one key")
     chunk = math.ceil(Tk / n_splits)   # keys per split; n_splits * chunk >= Tk
     outs, lses = [], []
-    for i in range(n_splits):   # independent: on a GPU, one thread block each
+    for i in range(n_splits):   # independent: on a GPU, one thread block per (sequence, KV head, split)
         s0, s1 = min(i * chunk, Tk), min((i + 1) * chunk, Tk)   # empty when s0 == s1 == Tk
         out_i, lse_i = partial_attention(q, k[:, :, s0:s1], v[:, :, s0:s1])   # (B, H, Tq, hd), (B, H, Tq)
         outs.append(out_i)

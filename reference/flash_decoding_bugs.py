@@ -39,6 +39,25 @@ def _splitting(name, partial=partial_attention, merge=merge_partials):
     return split
 
 
+def _grouped(attend):
+    """A partial_attention that checks, packs and unpacks as the reference does and runs
+    ``attend(q_rows, k_chunk, v_chunk)`` on a KV group's query rows, (B, H_kv, n_rep*Tq, head_dim),
+    in the partials' dtype: the reference with its chunk's attention replaced by ``attend``."""
+    def partial(q, k_chunk, v_chunk):
+        B, H, Tq, hd = q.shape
+        Hkv = k_chunk.size(1)
+        if H % Hkv != 0:
+            raise ValueError(f"q's {H} heads are not a whole number of groups of k's {Hkv} KV heads")
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        if k_chunk.size(-2) == 0:
+            return q.new_zeros(B, H, Tq, hd, dtype=dtype), q.new_full((B, H, Tq), float("-inf"), dtype=dtype)
+        rows = q.to(dtype).reshape(B, Hkv, H // Hkv * Tq, hd)   # (B, Hkv, n_rep*Tq, hd)
+        out, lse = attend(rows, k_chunk.to(dtype), v_chunk.to(dtype))
+        return out.reshape(B, H, Tq, hd), lse.reshape(B, H, Tq)
+    partial.__name__ = partial.__qualname__ = attend.__name__
+    return partial
+
+
 def _stacked(outs, lses):
     outs, lses = torch.stack(list(outs)), torch.stack(list(lses))
     dtype = torch.promote_types(torch.promote_types(outs.dtype, lses.dtype), torch.float32)
@@ -78,13 +97,9 @@ def merge_lse_without_max(outs, lses):
     return (w[..., None] * outs).sum(dim=0), torch.log(torch.exp(lses).sum(dim=0))   # lse overflows
 
 
+@_grouped
 def partial_exp_without_max(q, k_chunk, v_chunk):
-    B, H, Tq, hd = q.shape
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    if k_chunk.size(-2) == 0:
-        return q.new_zeros(B, H, Tq, hd, dtype=dtype), q.new_full((B, H, Tq), float("-inf"), dtype=dtype)
-    q, k_chunk, v_chunk = q.to(dtype), k_chunk.to(dtype), v_chunk.to(dtype)
-    e = torch.exp((q @ k_chunk.transpose(-2, -1)) / math.sqrt(hd))   # exp(score): inf for a score > 709
+    e = torch.exp((q @ k_chunk.transpose(-2, -1)) / math.sqrt(q.size(-1)))   # exp(score): inf for a score > 709
     l = e.sum(dim=-1)
     return (e @ v_chunk) / l[..., None], torch.log(l)
 
@@ -160,40 +175,37 @@ def split_partials_cast_to_input_dtype(q, k, v, n_splits):
 
 # --- no-scaling and double-scale: a chunk's scores scaled by 1 or by 1/head_dim, not 1/sqrt(head_dim) ---
 
-def _partial_scaled(q, k_chunk, v_chunk, scale):
-    """The reference's partial_attention with ``scale`` where it has 1/sqrt(head_dim)."""
-    B, H, Tq, hd = q.shape
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    if k_chunk.size(-2) == 0:
-        return q.new_zeros(B, H, Tq, hd, dtype=dtype), q.new_full((B, H, Tq), float("-inf"), dtype=dtype)
-    q, k_chunk, v_chunk = q.to(dtype), k_chunk.to(dtype), v_chunk.to(dtype)
-    s = (q @ k_chunk.transpose(-2, -1)) * scale
-    m = s.amax(dim=-1)
-    p = torch.exp(s - m[..., None])
-    l = p.sum(dim=-1)
-    return (p @ v_chunk) / l[..., None], m + torch.log(l)
+def _scaled(scale):
+    """The reference's chunk attention with ``scale(head_dim)`` where it has 1/sqrt(head_dim)."""
+    def attend(q, k_chunk, v_chunk):
+        s = (q @ k_chunk.transpose(-2, -1)) * scale(q.size(-1))
+        m = s.amax(dim=-1)
+        p = torch.exp(s - m[..., None])
+        l = p.sum(dim=-1)
+        return (p @ v_chunk) / l[..., None], m + torch.log(l)
+    return attend
 
 
+@_grouped
 def partial_unscaled(q, k_chunk, v_chunk):
-    return _partial_scaled(q, k_chunk, v_chunk, 1.0)   # q·k as it is
+    return _scaled(lambda hd: 1.0)(q, k_chunk, v_chunk)   # q·k as it is
 
 
+@_grouped
 def partial_scaled_twice(q, k_chunk, v_chunk):
-    return _partial_scaled(q, k_chunk, v_chunk, 1.0 / q.size(-1))   # q and k each by 1/sqrt(head_dim)
+    return _scaled(lambda hd: 1.0 / hd)(q, k_chunk, v_chunk)   # q and k each by 1/sqrt(head_dim)
 
 
 # --- softmax-wrong-dim: a chunk's max and sum taken over the queries instead of its keys ---
 
+@_grouped
 def partial_softmax_over_queries(q, k_chunk, v_chunk):
-    out, lse = partial_attention(q, k_chunk, v_chunk)   # the lse over the keys, as its (B, H, Tq) shape asks
-    if k_chunk.size(-2) == 0:
-        return out, lse
-    q, k_chunk, v_chunk = q.to(lse.dtype), k_chunk.to(lse.dtype), v_chunk.to(lse.dtype)
-    s = (q @ k_chunk.transpose(-2, -1)) / math.sqrt(q.size(-1))   # (B, H, Tq, Tc)
-    m = s.amax(dim=-2, keepdim=True)   # (B, H, 1, Tc): each key's largest score over the queries
+    s = (q @ k_chunk.transpose(-2, -1)) / math.sqrt(q.size(-1))   # (B, Hkv, n_rep*Tq, Tc)
+    m = s.amax(dim=-2, keepdim=True)   # (B, Hkv, 1, Tc): each key's largest score over the group's query rows
     p = torch.exp(s - m)
-    # each key's weights sum to 1 over the queries: one decoding query gives every key the weight 1
-    return (p / p.sum(dim=-2, keepdim=True)) @ v_chunk, lse
+    # each key's weights sum to 1 over the query rows: one decoding query of one head gives every key
+    # the weight 1; the lse is taken over the keys, as its (B, H, Tq) shape asks
+    return (p / p.sum(dim=-2, keepdim=True)) @ v_chunk, torch.logsumexp(s, dim=-1)
 
 
 # --- banned-api: a library attention on a chunk ---
@@ -202,7 +214,62 @@ def partial_with_sdpa(q, k_chunk, v_chunk):
     out, lse = partial_attention(q, k_chunk, v_chunk)   # lse by hand, the output from SDPA
     if k_chunk.size(-2) == 0:
         return out, lse
-    return F.scaled_dot_product_attention(q.to(lse.dtype), k_chunk.to(lse.dtype), v_chunk.to(lse.dtype)), lse
+    return F.scaled_dot_product_attention(q.to(lse.dtype), k_chunk.to(lse.dtype), v_chunk.to(lse.dtype),
+                                          enable_gqa=True), lse
+
+
+# --- kv-repeat-tiled: query head h paired with KV head h % H_kv, not h // n_rep ---
+
+def partial_groups_tiled(q, k_chunk, v_chunk):
+    B, H, Tq, hd = q.shape
+    Hkv = k_chunk.size(1)
+    if H % Hkv != 0:
+        raise ValueError(f"q's {H} heads are not a whole number of groups of k's {Hkv} KV heads")
+    n_rep = H // Hkv
+    # heads viewed as (n_rep, Hkv) where they are (Hkv, n_rep): group g gathers heads g, g + Hkv, g + 2·Hkv, ...
+    q_tiled = q.reshape(B, n_rep, Hkv, Tq, hd).transpose(1, 2).reshape(B, H, Tq, hd)
+    out, lse = partial_attention(q_tiled, k_chunk, v_chunk)   # the reference's packing of these rows
+    untile = lambda t: t.reshape(B, Hkv, n_rep, *t.shape[2:]).transpose(1, 2).reshape(t.shape)   # noqa: E731
+    return untile(out), untile(lse)
+
+
+def partial_heads_dealt(q, k_chunk, v_chunk):
+    H, Hkv = q.size(1), k_chunk.size(1)
+    if H % Hkv != 0:
+        raise ValueError(f"q's {H} heads are not a whole number of groups of k's {Hkv} KV heads")
+    order = torch.arange(H, device=q.device).reshape(H // Hkv, Hkv).T.flatten()   # (H,) heads dealt out in turn
+    out, lse = partial_attention(q[:, order], k_chunk, v_chunk)   # row j of the packing is head order[j]
+    back = torch.argsort(order)   # (H,)
+    return out[:, back], lse[:, back]
+
+
+# --- kv-read-per-query-head: the cache read once per query head, not once per KV group ---
+
+def partial_kv_repeated(q, k_chunk, v_chunk):
+    B, Hkv, Tc, hd = k_chunk.shape
+    if q.size(1) % Hkv != 0:
+        raise ValueError(f"q's {q.size(1)} heads are not a whole number of groups of k's {Hkv} KV heads")
+    n_rep = q.size(1) // Hkv   # Hugging Face's repeat_kv: a copy of each KV head per query head
+    repeat = lambda t: t[:, :, None].expand(B, Hkv, n_rep, Tc, hd).reshape(B, Hkv * n_rep, Tc, hd)   # noqa: E731
+    return partial_attention(q, repeat(k_chunk), repeat(v_chunk))   # (B, H, Tc, hd): n_rep times the reads
+
+
+def split_cache_repeated(q, k, v, n_splits):
+    H, Hkv = q.size(1), k.size(1)
+    if H % Hkv != 0:
+        raise ValueError(f"q's {H} heads are not a whole number of groups of k's {Hkv} KV heads")
+    k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)   # (B, H, Tk, hd) copies
+    return _split(q, k, v, n_splits)
+
+
+def partial_per_query_head(q, k_chunk, v_chunk):
+    H, Hkv = q.size(1), k_chunk.size(1)
+    if H % Hkv != 0:
+        raise ValueError(f"q's {H} heads are not a whole number of groups of k's {Hkv} KV heads")
+    kv = [slice(h // (H // Hkv), h // (H // Hkv) + 1) for h in range(H)]   # the right KV head for each query head
+    # ... read again for every query head of its group
+    heads = [partial_attention(q[:, h:h + 1], k_chunk[:, kv[h]], v_chunk[:, kv[h]]) for h in range(H)]
+    return torch.cat([o for o, _ in heads], dim=1), torch.cat([lse for _, lse in heads], dim=1)
 
 
 split_by_mean = _splitting("split_by_mean", merge=merge_by_mean)
@@ -222,6 +289,10 @@ split_partials_scaled_twice = _splitting("split_partials_scaled_twice", partial=
 split_partials_softmax_over_queries = _splitting("split_partials_softmax_over_queries",
                                                  partial=partial_softmax_over_queries)
 split_partials_with_sdpa = _splitting("split_partials_with_sdpa", partial=partial_with_sdpa)
+split_partials_groups_tiled = _splitting("split_partials_groups_tiled", partial=partial_groups_tiled)
+split_partials_heads_dealt = _splitting("split_partials_heads_dealt", partial=partial_heads_dealt)
+split_partials_kv_repeated = _splitting("split_partials_kv_repeated", partial=partial_kv_repeated)
+split_partials_per_query_head = _splitting("split_partials_per_query_head", partial=partial_per_query_head)
 
 
 def _v(**overrides):
@@ -249,4 +320,9 @@ BUGS = {
     "double-scale": _v(partial_attention=partial_scaled_twice, split=split_partials_scaled_twice),
     "softmax-wrong-dim": _v(partial_attention=partial_softmax_over_queries, split=split_partials_softmax_over_queries),
     "banned-api": _v(partial_attention=partial_with_sdpa, split=split_partials_with_sdpa),
+    "kv-repeat-tiled": [_v(partial_attention=partial_groups_tiled, split=split_partials_groups_tiled),
+                        _v(partial_attention=partial_heads_dealt, split=split_partials_heads_dealt)],
+    "kv-read-per-query-head": [_v(partial_attention=partial_kv_repeated, split=split_partials_kv_repeated),
+                               _v(split=split_cache_repeated),
+                               _v(partial_attention=partial_per_query_head, split=split_partials_per_query_head)],
 }

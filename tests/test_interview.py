@@ -307,6 +307,7 @@ REVIEW_FOLLOWUPS = {
     "sliding-window": ["interleaved-cache-bytes", "global-tokens"],
     # The second review's (content-2026-11b.md), on the katas of serving and architecture.
     "roofline": ["activation-bytes-per-layer", "moe-decode-crossover", "tp-all-reduce-over-matmul"],
+    "flash-decoding": ["gqa-packing", "split-count-tradeoff", "splits-to-fill-sms", "cascade-shared-prefix", "lse-base-2"],
     "paged-kv": ["prefix-cache-chain", "prefix-cache-hits", "gather-copy-bytes", "preemption", "padded-block-table"],
     "doc-masking": ["boundaries-reach-the-kernel", "packed-loss-targets"],
     "mla": ["absorbed-decode-intensity", "tp-replicates-latent"],

@@ -657,12 +657,17 @@ def _paged_kv_answers():
 
 
 def _flash_decoding_answers():
-    """The empty splits the reference's split_kv_decode hands partial_attention, and the weight its
-    merge_partials gives out_1 (out_1 = 1 and out_2 = 0: the merged output is that weight)."""
+    """The empty splits the reference's split_kv_decode hands partial_attention, the weight its
+    merge_partials gives out_1 (out_1 = 1 and out_2 = 0: the merged output is that weight), a
+    base-2 lse's weight once multiplied by ln 2, and the splits that reach N blocks when each adds
+    the tiles of scores of one split (one per sequence and KV head: the blocks a GPU runs)."""
+    import math
     from unittest import mock
 
     import torch
 
+    from graders.engine.products import score_tiles
+    from graders.engine.worker import _recorder
     from reference import flash_decoding as fd
 
     def empty_splits(T, n):
@@ -682,8 +687,17 @@ def _flash_decoding_answers():
                                                     torch.full((1, 1, 1), b, dtype=torch.float64)])
         return float(out)
 
+    def splits_to_fill(B, H, Hkv, N, hd=3):
+        ops = []
+        with _recorder()(ops):   # one split: its score tiles are the blocks each split adds
+            fd.split_kv_decode(torch.zeros(B, H, 1, hd), torch.zeros(B, Hkv, 8, hd), torch.zeros(B, Hkv, 8, hd), 1)
+        per_split = sum(math.prod(tile[:-2]) for tile in score_tiles(ops, hd))   # (B, Hkv, rows, Tc): B · Hkv
+        return -(-N // per_split)
+
     return {("flash-decoding", "empty-splits"): lambda p: empty_splits(p["T"], p["n"]),
-            ("flash-decoding", "merge-weight"): lambda p: weight(p["a"], p["b"])}
+            ("flash-decoding", "merge-weight"): lambda p: weight(p["a"], p["b"]),
+            ("flash-decoding", "lse-base-2"): lambda p: weight(p["a"] * math.log(2), p["b"]),
+            ("flash-decoding", "splits-to-fill-sms"): lambda p: splits_to_fill(p["B"], p["H"], p["Hkv"], p["N"])}
 
 
 def test_numeric_answers_agree_with_the_references_on_every_parameter_choice():

@@ -1,6 +1,6 @@
 """What recorded calls say about the tensors a learner's code built: their shapes, and for matrix
-products the size of the axis each contracts and the shape of its result (flash-tiling's and
-flash-decoding's tiles of scores)."""
+products the size of the axis each contracts, the shape of its result and of its operands
+(flash-tiling's and flash-decoding's tiles of scores, and the keys each read)."""
 import math
 
 import torch
@@ -59,6 +59,22 @@ def _einsum(args) -> tuple[int, tuple] | None:
     return contracted, tuple(sizes[c] for c in before) + (batch if dots else ()) + tuple(sizes[c] for c in after)
 
 
+def operands(op) -> list[tuple]:
+    """The shapes of a recorded matrix product's operands, in the order they are multiplied (an
+    einsum's all of them), or [] for any other call."""
+    name, args = op.get("name"), op.get("args", [])
+    if name not in PRODUCTS or not isinstance(args, list):
+        return []
+    if name == "einsum":
+        return [shape for arg in args[1:] for shape in shapes_in(arg)] if args and isinstance(args[0], str) else []
+    shapes = [shape for arg in args for shape in shapes_in(arg)]
+    if name in ("baddbmm", "addmm"):
+        shapes = shapes[1:3]
+    elif name == "__rmatmul__":
+        shapes = shapes[1::-1]
+    return shapes
+
+
 def product(op) -> tuple[int, tuple] | None:
     """(size of the contracted axis, shape of the result) of a recorded matrix product, or None
     for any other call."""
@@ -67,11 +83,7 @@ def product(op) -> tuple[int, tuple] | None:
         return None
     if name == "einsum":
         return _einsum(args)
-    shapes = [shape for arg in args for shape in shapes_in(arg)]
-    if name in ("baddbmm", "addmm"):
-        shapes = shapes[1:3]
-    elif name == "__rmatmul__":
-        shapes = shapes[1::-1]
+    shapes = operands(op)
     if len(shapes) < 2 or not shapes[0] or not shapes[1]:
         return None
     a, b = shapes[0], shapes[1]
@@ -89,3 +101,8 @@ def score_tiles(ops, hd) -> list[tuple]:
     """Result shapes of the recorded products that contract head_dim: the tiles of scores."""
     found = [product(op) for op in ops]
     return [shape for p in found if p is not None and p[0] == hd for shape in [p[1]]]
+
+
+def score_operands(ops, hd) -> list[list[tuple]]:
+    """Operand shapes of the recorded products that contract head_dim: what each tile of scores read."""
+    return [operands(op) for op in ops if (p := product(op)) is not None and p[0] == hd]

@@ -9,14 +9,16 @@ def partial_attention(q: torch.Tensor, k_chunk: torch.Tensor,
                       v_chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q over one chunk of the keys, normalised within the chunk.
 
-    q ``(B, H, Tq, head_dim)`` (Tq = 1 when decoding), k_chunk and v_chunk ``(B, H, Tc, head_dim)``.
-    Returns ``(out, lse)``: out ``(B, H, Tq, head_dim)`` = softmax(q k_chunkᵀ / sqrt(head_dim)) v_chunk
-    and lse ``(B, H, Tq)`` = the natural log of the sum of exp(score) over the chunk's keys. Both
-    come back in q's dtype promoted to at least float32 (float16 and bfloat16 inputs give float32
+    q ``(B, H, Tq, head_dim)`` (Tq = 1 when decoding), k_chunk and v_chunk ``(B, H_kv, Tc, head_dim)``
+    with H_kv dividing H: query head h reads KV head h // (H // H_kv) (H_kv = H is plain multi-head
+    attention). Returns ``(out, lse)``: out ``(B, H, Tq, head_dim)`` = softmax(q k_chunkᵀ / sqrt(head_dim))
+    v_chunk and lse ``(B, H, Tq)`` = the natural log of the sum of exp(score) over the chunk's keys.
+    Both come back in q's dtype promoted to at least float32 (float16 and bfloat16 inputs give float32
     partials, as Flash-Decoding's kernels store them). An empty chunk (Tc = 0) gives out = 0 and
-    lse = -inf: it holds no weight at all.
+    lse = -inf: it holds no weight at all. Raises ValueError when H_kv does not divide H.
     """
-    # scores of q against the chunk, their max, exp, sum: out and lse; an empty chunk first
+    # scores of q against the chunk (a KV group's query heads as the rows of one matrix), their max,
+    # exp, sum: out and lse; an empty chunk first
     raise NotImplementedError("write partial_attention")
 
 
@@ -40,11 +42,13 @@ def split_kv_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_splits:
     """softmax(q kᵀ / sqrt(head_dim)) v for one decoding step, the cache split into n_splits chunks.
 
     q ``(B, H, Tq, head_dim)`` (Tq = 1 when decoding: the new token attends to the whole cache, no
-    mask), k and v ``(B, H, Tk, head_dim)``. The keys are split into n_splits contiguous chunks of
-    ceil(Tk / n_splits) keys (the last ones shorter, or empty when n_splits > Tk), each
-    attended by partial_attention, the partials merged by merge_partials. Returns out
-    ``(B, H, Tq, head_dim)`` in q's dtype, equal to F.scaled_dot_product_attention(q, k, v) for
-    every n_splits. Raises ValueError when n_splits < 1 or when the cache is empty (Tk = 0).
+    mask), k and v ``(B, H_kv, Tk, head_dim)`` with H_kv dividing H (query head h reads KV head
+    h // (H // H_kv), the grouping of F.scaled_dot_product_attention(..., enable_gqa=True)). The
+    keys are split into n_splits contiguous chunks of ceil(Tk / n_splits) keys (the last ones
+    shorter, or empty when n_splits > Tk), each attended by partial_attention, the partials merged
+    by merge_partials. Returns out ``(B, H, Tq, head_dim)`` in q's dtype, equal to
+    F.scaled_dot_product_attention(q, k, v, enable_gqa=True) for every n_splits. Raises ValueError
+    when n_splits < 1, when the cache is empty (Tk = 0) or when H_kv does not divide H.
     """
     # n_splits contiguous chunks of the keys, a partial each, then one merge; `kata hint flash-decoding` when stuck
     raise NotImplementedError("write split_kv_decode")

@@ -8,12 +8,17 @@ import torch
 
 def partial_attention(q, k_chunk, v_chunk):
     f = torch.promote_types(q.dtype, torch.float32)
+    B, H, Tq, D = q.shape
+    G = k_chunk.shape[1]   # KV heads: query heads g*H/G .. (g+1)*H/G - 1 share KV head g
+    if H % G:
+        raise ValueError(f"{H} query heads cannot share {G} KV heads evenly")
     if k_chunk.shape[-2] == 0:
         return torch.zeros(q.shape, dtype=f, device=q.device), torch.full(q.shape[:-1], -torch.inf, dtype=f, device=q.device)
-    s = torch.einsum("bhqd,bhkd->bhqk", q.to(f), k_chunk.to(f)) / math.sqrt(q.shape[-1])
-    lse = torch.logsumexp(s, dim=-1)   # (B, H, Tq)
+    rows = q.to(f).reshape(B, G, H // G * Tq, D)   # each group's query heads as the rows r of one tile
+    s = torch.einsum("bgrd,bgkd->bgrk", rows, k_chunk.to(f)) / math.sqrt(D)
+    lse = torch.logsumexp(s, dim=-1)   # (B, G, R)
     p = torch.exp(s - lse[..., None])   # already normalised: exp(s) / Σ exp(s)
-    return torch.einsum("bhqk,bhkd->bhqd", p, v_chunk.to(f)), lse
+    return torch.einsum("bgrk,bgkd->bgrd", p, v_chunk.to(f)).reshape(q.shape), lse.reshape(B, H, Tq)
 
 
 def merge_partials(outs, lses):

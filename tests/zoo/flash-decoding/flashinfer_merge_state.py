@@ -1,7 +1,9 @@
 """FlashInfer's cascade merge: ``merge_state(v_a, s_a, v_b, s_b)`` combines two attention states
 (a normalised output and its log-sum-exp) into the state of the union, and ``merge_states``
 folds it over a list. FlashInfer's kernels write s in log base 2; this is the natural-log form,
-the partials computed by one chunk kernel in float32.
+the partials computed by one chunk kernel in float32. As FlashInfer's decode kernels do with a
+GQA group, the num_qo_heads // num_kv_heads query heads of a KV head are handled together:
+q unflattened to (B, num_kv_heads, group, Tq, D) against k's (B, num_kv_heads, Tc, D).
 
 What a grader could get wrong: the merge is pairwise, so an empty partial meets a non-empty one
 with s = -inf (its weight exp(-inf - s_max) must come out 0, and s_max must not be -inf - -inf),
@@ -14,14 +16,16 @@ import torch
 
 def partial_attention(q, k_chunk, v_chunk):
     q32, k32, v32 = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k_chunk, v_chunk))
+    if q.shape[1] % k_chunk.shape[1] != 0:   # num_qo_heads must be a multiple of num_kv_heads
+        raise ValueError(f"num_qo_heads {q.shape[1]} is not a multiple of num_kv_heads {k_chunk.shape[1]}")
     if k_chunk.shape[-2] == 0:
         return torch.zeros_like(q32), torch.full(q32.shape[:-1], -math.inf, dtype=q32.dtype, device=q.device)
-    s = torch.einsum("bhqd,bhkd->bhqk", q32, k32) * q.shape[-1] ** -0.5
+    s = torch.einsum("bgrqd,bgkd->bgrqk", q32.unflatten(1, (k32.shape[1], -1)), k32) * q.shape[-1] ** -0.5
     s_max = s.max(dim=-1, keepdim=True).values
     p = torch.exp(s - s_max)
     d = p.sum(dim=-1, keepdim=True)
-    v = torch.einsum("bhqk,bhkd->bhqd", p, v32) / d
-    return v, (s_max + torch.log(d)).squeeze(-1)
+    v = torch.einsum("bgrqk,bgkd->bgrqd", p, v32) / d
+    return v.flatten(1, 2), (s_max + torch.log(d)).squeeze(-1).flatten(1, 2)
 
 
 def merge_state(v_a, s_a, v_b, s_b):

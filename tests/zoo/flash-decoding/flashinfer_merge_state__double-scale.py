@@ -9,15 +9,18 @@ import torch
 
 def partial_attention(q, k_chunk, v_chunk):
     q32, k32, v32 = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k_chunk, v_chunk))
+    if q.shape[1] % k_chunk.shape[1] != 0:   # num_qo_heads must be a multiple of num_kv_heads
+        raise ValueError(f"num_qo_heads {q.shape[1]} is not a multiple of num_kv_heads {k_chunk.shape[1]}")
     if k_chunk.shape[-2] == 0:
         return torch.zeros_like(q32), torch.full(q32.shape[:-1], -math.inf, dtype=q32.dtype, device=q.device)
     scale = q.shape[-1] ** -0.5
-    s = torch.einsum("bhqd,bhkd->bhqk", q32 * scale, k32 * scale)   # q and k each scaled
+    groups = (q32 * scale).unflatten(1, (k32.shape[1], -1))   # q and k each scaled
+    s = torch.einsum("bgrqd,bgkd->bgrqk", groups, k32 * scale)
     s_max = s.max(dim=-1, keepdim=True).values
     p = torch.exp(s - s_max)
     d = p.sum(dim=-1, keepdim=True)
-    v = torch.einsum("bhqk,bhkd->bhqd", p, v32) / d
-    return v, (s_max + torch.log(d)).squeeze(-1)
+    v = torch.einsum("bgrqk,bgkd->bgrqd", p, v32) / d
+    return v.flatten(1, 2), (s_max + torch.log(d)).squeeze(-1).flatten(1, 2)
 
 
 def merge_state(v_a, s_a, v_b, s_b):

@@ -8,14 +8,16 @@ import torch
 
 def partial_attention(q, k_chunk, v_chunk):
     q32, k32, v32 = q, k_chunk, v_chunk   # kept in q's dtype: float16 in, float16 partials out
+    if q.shape[1] % k_chunk.shape[1] != 0:   # num_qo_heads must be a multiple of num_kv_heads
+        raise ValueError(f"num_qo_heads {q.shape[1]} is not a multiple of num_kv_heads {k_chunk.shape[1]}")
     if k_chunk.shape[-2] == 0:
         return torch.zeros_like(q32), torch.full(q32.shape[:-1], -math.inf, dtype=q32.dtype, device=q.device)
-    s = torch.einsum("bhqd,bhkd->bhqk", q32, k32) * q.shape[-1] ** -0.5
+    s = torch.einsum("bgrqd,bgkd->bgrqk", q32.unflatten(1, (k32.shape[1], -1)), k32) * q.shape[-1] ** -0.5
     s_max = s.max(dim=-1, keepdim=True).values
     p = torch.exp(s - s_max)
     d = p.sum(dim=-1, keepdim=True)
-    v = torch.einsum("bhqk,bhkd->bhqd", p, v32) / d
-    return v, (s_max + torch.log(d)).squeeze(-1)
+    v = torch.einsum("bgrqk,bgkd->bgrqd", p, v32) / d
+    return v.flatten(1, 2), (s_max + torch.log(d)).squeeze(-1).flatten(1, 2)
 
 
 def merge_state(v_a, s_a, v_b, s_b):

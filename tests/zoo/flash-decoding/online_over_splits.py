@@ -1,7 +1,7 @@
 """The online softmax of FlashAttention run over splits instead of key tiles: merge_partials keeps
 a running max m, a running sum l of exp(lse_j - m) and an accumulator, rescaled whenever a
 partial raises the max, one partial at a time; a hand-written loop over the chunks with Python
-ints and torch.softmax inside each chunk.
+ints and torch.softmax inside each chunk, a KV group's query heads viewed as the rows of one tile.
 
 What a grader could get wrong: the running max starts at -inf, so the first partial (and an
 empty one, lse -inf) meets exp(-inf - -inf), which the loop guards; the merge's lse rounds at
@@ -13,12 +13,16 @@ import torch
 
 def partial_attention(q, k_chunk, v_chunk):
     dtype = torch.promote_types(q.dtype, torch.float32)
+    assert q.shape[1] % k_chunk.shape[1] == 0, "the query heads must split evenly over the KV heads"
     n_keys = k_chunk.shape[2]
     if n_keys == 0:
         out = torch.zeros(q.shape, dtype=dtype, device=q.device)
         return out, torch.full(q.shape[:3], float("-inf"), dtype=dtype, device=q.device)
-    scores = (q.to(dtype) / math.sqrt(q.shape[3])) @ k_chunk.to(dtype).transpose(2, 3)
-    return torch.softmax(scores, dim=-1) @ v_chunk.to(dtype), torch.logsumexp(scores, dim=-1)
+    group = q.shape[1] // k_chunk.shape[1]   # query heads per KV head, side by side in q
+    rows = q.to(dtype).view(q.shape[0], k_chunk.shape[1], group * q.shape[2], q.shape[3])
+    scores = (rows / math.sqrt(q.shape[3])) @ k_chunk.to(dtype).transpose(2, 3)   # one tile per KV head
+    out = torch.softmax(scores, dim=-1) @ v_chunk.to(dtype)
+    return out.view(q.shape), torch.logsumexp(scores, dim=-1).view(q.shape[:3])
 
 
 def merge_partials(outs, lses):

@@ -10,10 +10,15 @@ import torch.nn.functional as F
 def partial_attention(q, k_chunk, v_chunk):
     wide = torch.promote_types(q.dtype, torch.float32)
     q, k_chunk, v_chunk = q.to(wide), k_chunk.to(wide), v_chunk.to(wide)
+    n_heads, n_kv = q.shape[1], k_chunk.shape[1]
+    if n_heads % n_kv:
+        raise ValueError(f"{n_heads} heads over {n_kv} KV heads")
     if k_chunk.shape[-2] == 0:
         return torch.zeros_like(q), torch.full_like(q[..., 0], -math.inf)
-    scores = q @ k_chunk.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    return F.scaled_dot_product_attention(q, k_chunk, v_chunk), torch.logsumexp(scores, dim=-1)
+    rows = q.unflatten(1, (n_kv, -1)).flatten(2, 3)   # (B, n_kv, group * Tq, D): a group's heads as rows
+    lse = torch.logsumexp(rows @ k_chunk.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
+    out = F.scaled_dot_product_attention(q, k_chunk, v_chunk, enable_gqa=True)
+    return out, lse.unflatten(2, (-1, q.shape[2])).flatten(1, 2)
 
 
 def _update_out_and_lse(out, lse, block_out, block_lse):

@@ -2,7 +2,9 @@
 its ``tmp_out`` with its ``max_logits`` and ``exp_sums`` into buffers of n_splits rows, and a
 reduce kernel rescales them by the global max. Here each partition's (max_logit, exp_sum) is
 kept as one lse, max_logit + log(exp_sum), and the reduce is torch.logsumexp over the stacked
-buffer.
+buffer. vLLM's kernel launches one block per query head, which reads KV head
+head_idx / num_queries_per_kv; here the num_queries_per_kv heads of a KV head share one block as its
+rows, as flash-attn packs them for decoding.
 
 What a grader could get wrong: the buffers are tensors of shape (n_splits, ...) handed to
 merge_partials as they are (not lists), the lse buffer starts at -inf so that a partition past
@@ -15,14 +17,20 @@ import torch
 def partial_attention(q, k_chunk, v_chunk):
     acc = torch.promote_types(q.dtype, torch.float32)
     B, H, Tq, D = q.shape
+    num_kv_heads = k_chunk.size(1)
+    if H % num_kv_heads != 0:
+        raise ValueError(f"num_heads ({H}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    num_queries_per_kv = H // num_kv_heads   # kv_head_idx = head_idx // num_queries_per_kv
     if k_chunk.size(2) == 0:
         return q.new_zeros(B, H, Tq, D, dtype=acc), q.new_full((B, H, Tq), -math.inf, dtype=acc)
-    qk = torch.matmul(q.to(acc), k_chunk.to(acc).transpose(2, 3)) / math.sqrt(D)   # (B, H, Tq, Tc)
+    # the num_queries_per_kv heads of one kv_head_idx as the rows of one block
+    q_rows = q.to(acc).reshape(B, num_kv_heads, num_queries_per_kv * Tq, D)
+    qk = torch.matmul(q_rows, k_chunk.to(acc).transpose(2, 3)) / math.sqrt(D)   # (B, Hkv, n_rep*Tq, Tc)
     max_logits = qk.amax(dim=-1)
     exp_logits = torch.exp(qk - max_logits.unsqueeze(-1))
     exp_sums = exp_logits.sum(dim=-1)
     tmp_out = torch.matmul(exp_logits / exp_sums.unsqueeze(-1), v_chunk.to(acc))
-    return tmp_out, max_logits + torch.log(exp_sums)
+    return tmp_out.reshape(B, H, Tq, D), (max_logits + torch.log(exp_sums)).reshape(B, H, Tq)
 
 
 def merge_partials(outs, lses):
