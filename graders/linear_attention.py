@@ -3,6 +3,7 @@ import torch
 
 from graders.engine import expect
 from graders.engine.learner import describe_value
+from graders.engine.products import float_shapes, product
 from graders.engine.recording import recorded
 from graders.engine.structure import check_untampered
 from graders.engine.weights import normal
@@ -21,6 +22,16 @@ STEPS = [(None, 6, torch.float64), (5, 3, torch.float64), (None, 4, torch.float3
 # while the state (S, z) stays 131 kB whatever the length.
 MEMORY = {"B": 2, "H": 2, "D": 4, "DV": 1024, "T": 64}
 WARM_UP = 8   # tokens stepped before the measured stream: every code path has run, the allocator is warm
+# (T, gamma, dtype) of the decayed causal form; (prefix, tokens, gamma) of the decayed step, from
+# no state and from a decayed state handed in.
+DECAYED = [(9, 0.8, torch.float64), (12, 0.5, torch.float32)]
+DECAYED_STEPS = [(None, 5, 0.8), (4, 3, 0.5)]
+# The chunked form on 12 tokens: chunks of 1, of 4 (a divisor), of 5 (5, 5 and a last chunk of 2:
+# three chunks, so the state is carried twice), and of 16 (one chunk of 12, shorter than its size).
+CHUNK_T, CHUNKS, GAMMAS = 12, (1, 4, 5, 16), (1.0, 0.7)
+# Recorded shapes: B 1 and H 2 keep any batch axis below T = 16, the chunks' axis folded in too
+# (2 x 4 at most); d 5 and dv 3 are no other size. Chunks of 4 (a divisor) and of 6 (6, 6 and 4).
+WHOLE = {"B": 1, "H": 2, "T": 16, "D": 5, "DV": 3, "CHUNKS": (4, 6), "gamma": 0.9}
 
 QKV_CASE = "q ({B}, {H}, {Tq}, {D}), k ({B}, {H}, {Tk}, {D}), v ({B}, {H}, {Tk}, {DV}), {dtype} standard normal"
 
@@ -35,17 +46,22 @@ def qkv_case(q, k, v, about=""):
     return text + (f"; {about}" if about else "")
 
 
-def attention_call(causal):
-    return f"linear_attention(q, k, v, causal={causal})"
+def decayed(gamma):
+    """The keyword a call passes for a decay: none for gamma = 1, the default."""
+    return {} if gamma == 1 else {"gamma": gamma}
 
 
-def check_attention(learner, bugs, kata, device, q, k, v, causal, expected, *, against, about=""):
-    """The learner's linear_attention(q, k, v, causal) equals ``expected``."""
+def attention_call(causal, gamma=1.0):
+    return f"linear_attention(q, k, v, causal={causal}" + (f", gamma={gamma})" if gamma != 1 else ")")
+
+
+def check_attention(learner, bugs, kata, device, q, k, v, causal, expected, *, against, about="", gamma=1.0):
+    """The learner's linear_attention(q, k, v, causal, gamma) equals ``expected``."""
     tol, loose = kata.tolerance(q.dtype), kata.tolerance("float32")
-    got = learner.linear_attention(q, k, v, causal=causal)
-    expect.array(got, expected, call=attention_call(causal), case=qkv_case(q, k, v, about), what="the output",
+    got = learner.linear_attention(q, k, v, causal=causal, **decayed(gamma))
+    expect.array(got, expected, call=attention_call(causal, gamma), case=qkv_case(q, k, v, about), what="the output",
                  device=device, against=against, **tol, float32_inside=expect.float32_inside(kata, q.dtype),
-                 diagnose=lambda: bugs.match(got, lambda impl: impl.linear_attention(q, k, v, causal=causal), **loose))
+                 diagnose=lambda: bugs.match(got, lambda impl: impl.linear_attention(q, k, v, causal, gamma), **loose))
 
 
 def state_form(got, *, call, case):
@@ -57,48 +73,53 @@ def state_form(got, *, call, case):
     return got[0], got[1][0], got[1][1]
 
 
-def step_call(t, state):
-    return f"linear_attention_step(q[:, :, {t}], k[:, :, {t}], v[:, :, {t}], {state})"
+def step_call(t, state, gamma=1.0):
+    return f"linear_attention_step(q[:, :, {t}], k[:, :, {t}], v[:, :, {t}], {state}" + \
+        (f", gamma={gamma})" if gamma != 1 else ")")
 
 
 @recorded
-def trusted_decode(step, q, k, v, state):
-    """A trusted linear_attention_step run over the tokens of q, k, v from ``state``: the outputs
-    (B, H, T, dv) and, after each token, the state (S, z)."""
+def trusted_decode(step, q, k, v, state, gamma=1.0):
+    """A trusted linear_attention_step run over the tokens of q, k, v from ``state`` with decay
+    ``gamma``: the outputs (B, H, T, dv) and, after each token, the state (S, z)."""
     outs, states = [], []
     for t in range(q.shape[-2]):
-        out, state = step(q[..., t, :], k[..., t, :], v[..., t, :], state)
+        out, state = step(q[..., t, :], k[..., t, :], v[..., t, :], state, gamma)
         outs.append(out)
         states.append(state)
     return torch.stack(outs, dim=-2), states
 
 
-def check_steps(learner, bugs, kata, rng, device, prefix, T, dtype=torch.float64, sizes=(B, H, D, DV)):
-    """Stepping the learner's linear_attention_step through T tokens, from no state or from the
-    running sums of a prefix of ``prefix`` tokens: every output and every state equal the
-    reference's, in type, shape, dtype and values."""
+def check_steps(learner, bugs, kata, rng, device, prefix, T, dtype=torch.float64, sizes=(B, H, D, DV), gamma=1.0):
+    """Stepping the learner's linear_attention_step through T tokens with decay ``gamma``, from no
+    state or from the running sums of a prefix of ``prefix`` tokens: every output and every state
+    equal the reference's, in type, shape, dtype and values."""
     b, h, d, dv = sizes
     q, k, v = qkv(rng, T, T, dtype, b, h, d, dv)
     if prefix is None:
         state, given, about = None, "None", "from no state (state=None: no token before the first)"
     else:
         k0, v0 = normal(rng, b, h, prefix, d).to(dtype), normal(rng, b, h, prefix, dv).to(dtype)
-        state, given = bugs.expected.running_sums(k0, v0), "state"
-        about = (f"from a state handed in: (S, z) of {prefix} earlier tokens (S = Σ phi(k_j) v_jᵀ, "
-                 f"z = Σ phi(k_j)), so the first token here sits at position {prefix}")
-    want_out, want_states = trusted_decode(bugs.reference.linear_attention_step, q, k, v, state)
+        state, given = bugs.expected.running_sums(k0, v0, gamma), "state"
+        sums = ("S = Σ phi(k_j) v_jᵀ, z = Σ phi(k_j)" if gamma == 1 else
+                f"S = Σ {gamma}^({prefix - 1}-j) phi(k_j) v_jᵀ, z = Σ {gamma}^({prefix - 1}-j) phi(k_j)")
+        about = (f"from a state handed in: (S, z) of {prefix} earlier tokens ({sums}), so the first token "
+                 f"here sits at position {prefix}")
+    if gamma != 1:
+        about += f"; decay gamma = {gamma}"
+    want_out, want_states = trusted_decode(bugs.reference.linear_attention_step, q, k, v, state, gamma)
     tol, loose = kata.tolerance(dtype), kata.tolerance("float32")
     inside = expect.float32_inside(kata, dtype)
     case = qkv_case(q, k, v, f"{T} tokens stepped one at a time, {about}")
     start = state
     for t in range(T):
-        call = step_call(t, given if t == 0 else "state")
-        got = learner.linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state)
+        call = step_call(t, given if t == 0 else "state", gamma)
+        got = learner.linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state, **decayed(gamma))
         out, S, z = state_form(got, call=call, case=case)
 
         def diagnose():
-            return bugs.match(got, lambda impl: _nth(trusted_decode(impl.linear_attention_step, q, k, v, start), t),
-                              **loose)
+            return bugs.match(got, lambda impl: _nth(trusted_decode(impl.linear_attention_step, q, k, v, start, gamma),
+                                                     t), **loose)
 
         for what, value, want in (("out", out, want_out[..., t, :]), ("S", S, want_states[t][0]),
                                   ("z", z, want_states[t][1])):
@@ -113,13 +134,13 @@ def _nth(decoded, t):
     return outs[..., t, :], states[t]
 
 
-def stepped(learner, q, k, v, *, case):
+def stepped(learner, q, k, v, *, case, gamma=1.0):
     """The learner's linear_attention_step run over every token from no state: outputs (B, H, T, dv)."""
     state, outs = None, []
     for t in range(q.shape[-2]):
-        call = step_call(t, "None" if t == 0 else "state")
-        out, S, z = state_form(learner.linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state),
-                               call=call, case=case)
+        call = step_call(t, "None" if t == 0 else "state", gamma)
+        out, S, z = state_form(learner.linear_attention_step(q[..., t, :], k[..., t, :], v[..., t, :], state,
+                                                             **decayed(gamma)), call=call, case=case)
         expect.type_of(out, torch.Tensor, call=call, case=case, what="out")
         outs.append(out.cpu())
         state = (S, z)
@@ -289,4 +310,109 @@ def test_decode_memory_constant(learner, rng, device):
                 case=case + f"; one more token after {T}",
                 got="no measurement" if peak is None else f"{peak:,} bytes created ({peak / state_size:.1f} states)",
                 expected=f"at most {limit:,} bytes (four states, and 64 KiB)", diagnose=lambda: "state-grows-with-t")
+    check_untampered(learner, call=call, case=case)
+
+
+def test_decay_matches(learner, bugs, kata, rng, device):
+    """causal=True with a decay gamma < 1 equals the reference and the T x T form that weighs key j by gamma^(i-j) for query i"""
+    for T, gamma, dtype in DECAYED:
+        q, k, v = qkv(rng, T, T, dtype)
+        check_attention(learner, bugs, kata, device, q, k, v, True, bugs.reference.linear_attention(q, k, v, True, gamma),
+                        against="the reference", gamma=gamma)
+    q, k, v = qkv(rng, 8, 8)
+    check_attention(learner, bugs, kata, device, q, k, v, True, bugs.expected.kernel_attention(q, k, v, True, 0.9),
+                    against="(phi(q) @ phi(k)ᵀ times 0.9^(i-j), j > i zeroed, each row divided by its sum) @ v",
+                    gamma=0.9)
+
+
+def test_decay_needs_causal(learner, rng):
+    """causal=False with gamma != 1 raises ValueError (or AssertionError): a decay runs along the causal order"""
+    q, k, v = qkv(rng, 3, 5)
+    learner.linear_attention(q, k, v, causal=False)   # a valid call first: only the decayed one may raise
+    case = qkv_case(q, k, v, "gamma = 0.5 with causal=False: every query sees every key, so no key is older")
+    expect.refused(lambda: learner.linear_attention(q, k, v, causal=False, gamma=0.5), call=attention_call(False, 0.5),
+                   case=case, expected="ValueError (or AssertionError): the decay needs causal=True",
+                   returned="A decay was accepted without the causal order it runs along.",
+                   raised="The decay without causal order failed somewhere inside instead of being refused: check "
+                          "causal and gamma first.")
+
+
+def test_decay_step_matches(learner, bugs, kata, rng, device):
+    """linear_attention_step with a decay gamma < 1: each out and each state (S, z) equal the reference's, from no state and from a decayed state handed in"""
+    for prefix, T, gamma in DECAYED_STEPS:
+        check_steps(learner, bugs, kata, rng, device, prefix, T, gamma=gamma)
+
+
+def chunked_call(C, gamma):
+    return f"linear_attention_chunked(q, k, v, {C}, gamma={gamma})"
+
+
+def chunk_sizes(T, C):
+    """The chunks' lengths, in words: 'chunks of 5, 5 and 2'."""
+    sizes = [min(C, T - start) for start in range(0, T, C)]
+    return ("one chunk of " if len(sizes) == 1 else "chunks of ") + \
+        (", ".join(map(str, sizes[:-1])) + " and " if len(sizes) > 1 else "") + str(sizes[-1])
+
+
+def check_chunked(learner, bugs, kata, device, q, k, v, C, gamma, expected, *, against):
+    """The learner's linear_attention_chunked(q, k, v, C, gamma) equals ``expected``."""
+    tol, loose = kata.tolerance(q.dtype), kata.tolerance("float32")
+    got = learner.linear_attention_chunked(q, k, v, C, gamma=gamma)
+    case = qkv_case(q, k, v, f"{chunk_sizes(q.size(2), C)}, decay gamma = {gamma}")
+    expect.array(got, expected, call=chunked_call(C, gamma), case=case, what="the output", device=device,
+                 against=against, **tol, float32_inside=expect.float32_inside(kata, q.dtype),
+                 diagnose=lambda: bugs.match(got, lambda impl: impl.linear_attention_chunked(q, k, v, C, gamma), **loose))
+
+
+STEPPED = "the reference's linear_attention_step, token by token from state=None"
+
+
+def test_chunked_matches(learner, bugs, kata, rng, device):
+    """linear_attention_chunked equals the reference's steps: chunks of 1, of a divisor of T, of a size that leaves a shorter last chunk, and longer than T; gamma 1 and 0.7; float64 and float32"""
+    for gamma in GAMMAS:
+        q, k, v = qkv(rng, CHUNK_T, CHUNK_T)
+        want = trusted_decode(bugs.reference.linear_attention_step, q, k, v, None, gamma)[0]
+        for C in CHUNKS:
+            check_chunked(learner, bugs, kata, device, q, k, v, C, gamma, want, against=STEPPED)
+    q, k, v = qkv(rng, 9, 9, torch.float32)
+    want = trusted_decode(bugs.reference.linear_attention_step, q, k, v, None, 0.9)[0]
+    check_chunked(learner, bugs, kata, device, q, k, v, 4, 0.9, want, against=STEPPED)
+
+
+def test_chunked_equals_recurrent(learner, kata, rng, device):
+    """your linear_attention_chunked equals your linear_attention_step run token by token from no state"""
+    q, k, v = qkv(rng, 9, 9, torch.float64, 3, 2, 5, 3)
+    case = qkv_case(q, k, v, f"{chunk_sizes(9, 4)}, decay gamma = 0.8, against linear_attention_step from "
+                             "state=None, token by token")
+    steps = stepped(learner, q, k, v, case=case, gamma=0.8)
+    call = chunked_call(4, 0.8)
+    got = learner.linear_attention_chunked(q, k, v, 4, gamma=0.8)
+    expect.type_of(got, torch.Tensor, call=call, case=case, what="the output")
+    expect.array(got.cpu(), steps, call=call, case=case, what="the output",
+                 against="your linear_attention_step, token by token", **kata.tolerance("float64"),
+                 float32_inside=expect.float32_inside(kata))
+
+
+def test_chunked_works_by_chunks(learner, rng):
+    """linear_attention_chunked with chunks shorter than T builds nothing of T x T or (T, d, dv): recorded shapes"""
+    w = WHOLE
+    T, d, dv, gamma = w["T"], w["D"], w["DV"], w["gamma"]
+    q, k, v = qkv(rng, T, T, torch.float64, w["B"], w["H"], d, dv)
+    for C in w["CHUNKS"]:
+        call = chunked_call(C, gamma)
+        case = qkv_case(q, k, v, f"{chunk_sizes(T, C)}; every torch call recorded, with the shapes of its "
+                                 "tensors and of its matrix products' results")
+        # One call first, on other values: lazy imports and memoised results cannot hide the recorded one's work.
+        learner.linear_attention_chunked(torch.flip(q, dims=(-2,)), k, v, C, gamma=gamma)
+        with learner.recording() as ops:
+            learner.linear_attention_chunked(q, k, v, C, gamma=gamma)
+        shapes = float_shapes(ops) + [found[1] for found in map(product, ops) if found is not None]
+        # T x T: two axes of T or more (padded to whole chunks too). (T, d, dv): a state for every token.
+        whole = [shape for shape in shapes if sum(n >= T for n in shape) >= 2
+                 or (any(n >= T for n in shape) and d in shape and dv in shape)]
+        expect.that(not whole, f"A tensor of the whole sequence's weights (T x T) or states (T, d, dv) was built: "
+                    f"the chunked form holds a chunk's {C} x {C} weights and one state (S, z) at a time.", call=call,
+                    case=case, got=f"a tensor of shape {whole[0]}" if whole else None,
+                    expected=f"no two axes of {T} or more, and no axis of {T} or more beside d = {d} and dv = {dv}",
+                    diagnose=lambda: "not-chunked")
     check_untampered(learner, call=call, case=case)

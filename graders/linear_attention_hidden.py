@@ -1,5 +1,5 @@
 """Hidden checks of the linear-attention kata: fresh values at each grading, never in a student bundle."""
-from graders.linear_attention import check_attention, check_steps, qkv
+from graders.linear_attention import STEPPED, check_attention, check_chunked, check_steps, qkv, trusted_decode
 
 
 def fresh_sizes(case_rng):
@@ -25,3 +25,14 @@ def test_fresh_decode(learner, bugs, kata, case_rng, rng, device):
     """another state handed in and another stream: every out and state (S, z) of linear_attention_step equal the reference's"""
     check_steps(learner, bugs, kata, rng, device, int(case_rng.integers(2, 9)), int(case_rng.integers(3, 7)),
                 sizes=fresh_sizes(case_rng))
+
+
+def test_fresh_chunked(learner, bugs, kata, case_rng, rng, device):
+    """another batch, heads, widths, length, chunk size and decay: linear_attention_chunked equals the reference's steps"""
+    b, h, d, dv = fresh_sizes(case_rng)
+    T = int(case_rng.integers(7, 15))
+    C = int(case_rng.integers(2, T // 3 + 1))   # three chunks or more: the state is carried at least twice
+    gamma = float(case_rng.choice([0.6, 0.85, 0.95]))
+    q, k, v = qkv(rng, T, T, b=b, h=h, d=d, dv=dv)
+    want = trusted_decode(bugs.reference.linear_attention_step, q, k, v, None, gamma)[0]
+    check_chunked(learner, bugs, kata, device, q, k, v, C, gamma, want, against=STEPPED)

@@ -310,6 +310,7 @@ REVIEW_FOLLOWUPS = {
     "flash-decoding": ["gqa-packing", "split-count-tradeoff", "splits-to-fill-sms", "cascade-shared-prefix", "lse-base-2"],
     "paged-kv": ["prefix-cache-chain", "prefix-cache-hits", "gather-copy-bytes", "preemption", "padded-block-table"],
     "doc-masking": ["boundaries-reach-the-kernel", "packed-loss-targets"],
+    "linear-attention": ["state-reset-at-documents", "state-in-float32", "gated-delta-state", "decay-half-life"],
     "mla": ["absorbed-decode-intensity", "tp-replicates-latent"],
     "rope-scaling": ["dynamic-ntk-and-kv-cache", "static-yarn-short-context"],
     "tp-attention": ["sequence-parallel", "when-context-parallel"],

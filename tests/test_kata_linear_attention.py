@@ -1,6 +1,9 @@
 """The linear-attention grader on solutions written the way learners write them (not via the bug
-oracles), one wrong file per check, and its independent oracles: the T x T kernel form and the
-running sums written out in a loop."""
+oracles), one wrong file per check, its independent oracles (the T x T kernel form and the
+running sums written out in a loop, with and without a decay), and the facts the README teaches
+about the decay and the chunked form, on the installed torch."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -10,11 +13,13 @@ from graders.engine.manifest import find
 from graders.linear_attention import trusted_decode
 from graders.linear_attention_hidden import fresh_sizes
 from graders.practice import hints
-from reference.linear_attention import elu_feature_map, linear_attention, linear_attention_step
+from reference.linear_attention import (elu_feature_map, linear_attention, linear_attention_chunked,
+                                        linear_attention_step)
+from reference.linear_attention_bugs import step_decays_after_adding
 from reference.linear_attention_expected import feature_map, kernel_attention, running_sums
 
-# Quadratic parallel forms, a step written with torch.outer-style broadcasting and einsum:
-# nothing like the reference's cumulative sum.
+# Quadratic parallel forms with the mask and the decay as two factors, chunks from torch.split and
+# einsum, a step written with torch.outer-style broadcasting and einsum (last: tests replace it).
 SOLUTION = '''
 import torch
 import torch.nn.functional as F
@@ -24,19 +29,47 @@ def elu_feature_map(x):
     return F.elu(x) + 1
 
 
-def linear_attention(q, k, v, causal=True):
+def decay(T, gamma, like):
+    t = torch.arange(T, dtype=like.dtype)
+    return gamma ** (t[:, None] - t[None, :]).abs()
+
+
+def linear_attention(q, k, v, causal=True, gamma=1.0):
+    if not causal and gamma != 1:
+        raise ValueError("a decay needs causal=True")
     sim = elu_feature_map(q) @ elu_feature_map(k).transpose(-2, -1)
     if causal:
         sim = sim * torch.ones(sim.shape[-2:], dtype=sim.dtype, device=sim.device).tril()
+    if gamma != 1:
+        sim = sim * decay(sim.shape[-1], gamma, sim)
     return (sim / sim.sum(-1, keepdim=True)) @ v
 
 
-def linear_attention_step(q, k, v, state=None):
+def linear_attention_chunked(q, k, v, chunk_size, gamma=1.0):
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    S = torch.zeros(*fk.shape[:2], fk.shape[-1], v.shape[-1], dtype=k.dtype)
+    z = torch.zeros(*fk.shape[:2], fk.shape[-1], dtype=k.dtype)
+    outs = []
+    for qc, kc, vc in zip(fq.split(chunk_size, dim=2), fk.split(chunk_size, dim=2), v.split(chunk_size, dim=2)):
+        C = qc.shape[2]
+        t = torch.arange(C, dtype=q.dtype)
+        w = torch.tril(qc @ kc.transpose(-2, -1)) * decay(C, gamma, qc)
+        before = (gamma ** (t + 1))[:, None]
+        num = w @ vc + before * torch.einsum("bhcd,bhde->bhce", qc, S)
+        den = w.sum(-1, keepdim=True) + before * torch.einsum("bhcd,bhd->bhc", qc, z)[..., None]
+        outs.append(num / den)
+        after = (gamma ** (C - 1 - t))[:, None]
+        S = gamma ** C * S + torch.einsum("bhcd,bhce->bhde", kc * after, vc)
+        z = gamma ** C * z + (kc * after).sum(2)
+    return torch.cat(outs, dim=2)
+
+
+def linear_attention_step(q, k, v, state=None, gamma=1.0):
     fq, fk = elu_feature_map(q), elu_feature_map(k)
     if state is None:
         state = (torch.zeros(*fk.shape, v.shape[-1], dtype=k.dtype), torch.zeros_like(fk))
-    S = state[0] + fk[..., :, None] * v[..., None, :]
-    z = state[1] + fk
+    S = gamma * state[0] + fk[..., :, None] * v[..., None, :]
+    z = gamma * state[1] + fk
     out = torch.einsum("bhd,bhde->bhe", fq, S) / torch.einsum("bhd,bhd->bh", fq, z)[..., None]
     return out, (S, z)
 '''
@@ -67,6 +100,46 @@ def test_the_kernel_form_and_the_loop_agree_with_the_reference():
     x = torch.tensor([-30.0, -1.0, 0.0, 1e-3, 30.0], dtype=torch.float64)
     # elu(x) + 1 cancels for x << 0 (exp(-30) - 1 + 1), exp(x) does not: equal to far below atol.
     torch.testing.assert_close(elu_feature_map(x), feature_map(x), rtol=1e-15, atol=1e-16)
+
+
+def stepped(step, q, k, v, gamma):
+    return trusted_decode(step, q, k, v, None, gamma)
+
+
+def test_the_decayed_forms_agree_with_the_kernel_form_and_the_loop():
+    q, k, v = draw(6, 2, 3, 11, 4), draw(7, 2, 3, 11, 4), draw(8, 2, 3, 11, 6)
+    for gamma in (0.9, 0.5):
+        torch.testing.assert_close(linear_attention(q, k, v, True, gamma), kernel_attention(q, k, v, True, gamma),
+                                   rtol=1e-12, atol=1e-14)
+        outs, states = stepped(linear_attention_step, q, k, v, gamma)
+        torch.testing.assert_close(outs, linear_attention(q, k, v, True, gamma), rtol=1e-12, atol=1e-14)
+        for got, want in zip(states[-1], running_sums(k, v, gamma)):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+        # Chunks of one token, of 4 and of 5 (a shorter last chunk each), of T, and longer than T.
+        for C in (1, 4, 5, 11, 16):
+            torch.testing.assert_close(linear_attention_chunked(q, k, v, C, gamma), outs, rtol=1e-12, atol=1e-14)
+
+
+def test_a_decay_on_the_current_token_cancels_in_the_outputs_not_in_the_state():
+    # The README's and the diagnosis's claim: one extra gamma on every key divides out of the ratio.
+    q, k, v = draw(9, 2, 2, 6, 3), draw(10, 2, 2, 6, 3), draw(11, 2, 2, 6, 4)
+    right, right_states = stepped(linear_attention_step, q, k, v, 0.7)
+    wrong, wrong_states = stepped(step_decays_after_adding, q, k, v, 0.7)
+    torch.testing.assert_close(wrong, right, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(wrong_states[-1][0], 0.7 * right_states[-1][0], rtol=1e-12, atol=1e-14)
+
+
+def test_a_decay_factored_out_of_a_cumulative_sum_overflows_float32():
+    # The README: 0.9^-1000 is 5.7e45, beyond float32's largest number.
+    assert math.isinf(float(torch.tensor(0.9) ** -1000))
+    assert 0.9 ** -1000 == pytest.approx(5.7e45, rel=0.01) and torch.finfo(torch.float32).max < 3.5e38
+
+
+def test_bfloat16_rounds_a_small_update_of_the_state_away():
+    # The state-in-float32 follow-up: bf16's spacing at 1 is 2^-7, so adding 0.003 to 1 changes nothing.
+    one = torch.tensor(1.0, dtype=torch.bfloat16)
+    assert torch.finfo(torch.bfloat16).eps == 2 ** -7 and one + 0.003 == one
+    assert torch.tensor(1.0) + 0.003 != torch.tensor(1.0)
 
 
 def test_a_state_handed_in_continues_the_sequence():
@@ -139,8 +212,8 @@ def test_a_future_leak_no_oracle_gives_is_still_named_by_the_property(grade_sour
 
 
 def test_phi_on_the_values_is_diagnosed_in_the_step(grade_source):
-    source = replace(SOLUTION, "S = state[0] + fk[..., :, None] * v[..., None, :]",
-                     "S = state[0] + fk[..., :, None] * elu_feature_map(v)[..., None, :]")
+    source = replace(SOLUTION, "S = gamma * state[0] + fk[..., :, None] * v[..., None, :]",
+                     "S = gamma * state[0] + fk[..., :, None] * elu_feature_map(v)[..., None, :]")
     result = grade_source("linear-attention", source)
     checks = checks_by_id(result)
     assert checks["step-matches"]["diagnosis"] == "feature-map-on-values"
@@ -154,14 +227,14 @@ def test_phi_on_the_values_is_diagnosed_in_the_step(grade_source):
 READ_BEFORE_UPDATE = {
     "no eps": """    S, z = state
     out = torch.einsum("bhd,bhde->bhe", fq, S) / torch.einsum("bhd,bhd->bh", fq, z)[..., None]
-    S = S + fk[..., :, None] * v[..., None, :]
-    z = z + fk
+    S = gamma * S + fk[..., :, None] * v[..., None, :]
+    z = gamma * z + fk
     return out, (S, z)
 """,
     "eps": """    S, z = state
     out = torch.einsum("bhd,bhde->bhe", fq, S) / (torch.einsum("bhd,bhd->bh", fq, z)[..., None] + 1e-6)
-    S = S + fk[..., :, None] * v[..., None, :]
-    z = z + fk
+    S = gamma * S + fk[..., :, None] * v[..., None, :]
+    z = gamma * z + fk
     return out, (S, z)
 """,
 }
@@ -169,7 +242,7 @@ READ_BEFORE_UPDATE = {
 
 @pytest.mark.parametrize("spelling", list(READ_BEFORE_UPDATE))
 def test_an_output_read_before_the_token_is_added_is_diagnosed(grade_source, spelling):
-    step = SOLUTION[SOLUTION.index("    S = state[0]"):]
+    step = SOLUTION[SOLUTION.index("    S = gamma * state[0]"):]
     result = grade_source("linear-attention", replace(SOLUTION, step, READ_BEFORE_UPDATE[spelling]))
     checks = checks_by_id(result)
     for check in ("constant-values-pass-through", "step-matches", "fresh-decode"):
@@ -185,8 +258,8 @@ def test_an_output_read_before_the_token_is_added_is_diagnosed(grade_source, spe
 
 def test_s_laid_out_values_first_fails_on_its_shape(grade_source):
     # fast-transformers' batched form folds K and V into (dv, d): the step's S must be (d, dv).
-    source = replace(SOLUTION, "S = state[0] + fk[..., :, None] * v[..., None, :]",
-                     "S = state[0] + v[..., :, None] * fk[..., None, :]")
+    source = replace(SOLUTION, "S = gamma * state[0] + fk[..., :, None] * v[..., None, :]",
+                     "S = gamma * state[0] + v[..., :, None] * fk[..., None, :]")
     source = replace(source, "torch.zeros(*fk.shape, v.shape[-1], dtype=k.dtype)",
                      "torch.zeros(*fk.shape[:-1], v.shape[-1], fk.shape[-1], dtype=k.dtype)")
     source = replace(source, 'torch.einsum("bhd,bhde->bhe", fq, S)', 'torch.einsum("bhd,bhed->bhe", fq, S)')
@@ -198,12 +271,12 @@ def test_s_laid_out_values_first_fails_on_its_shape(grade_source):
 
 def test_a_step_that_keeps_its_own_sums_fails_from_a_state_handed_in(grade_source):
     # Its sums live in a global, reset by state=None: right from no state, blind to a prompt's sums.
-    source = replace(SOLUTION, SOLUTION[SOLUTION.index("def linear_attention_step"):], '''def linear_attention_step(q, k, v, state=None):
+    source = replace(SOLUTION, SOLUTION[SOLUTION.index("def linear_attention_step"):], '''def linear_attention_step(q, k, v, state=None, gamma=1.0):
     fq, fk = elu_feature_map(q), elu_feature_map(k)
     if state is None or not _sums:
         _sums[:] = [torch.zeros(*fk.shape, v.shape[-1], dtype=k.dtype), torch.zeros_like(fk)]
-    _sums[0] = _sums[0] + fk[..., :, None] * v[..., None, :]
-    _sums[1] = _sums[1] + fk
+    _sums[0] = gamma * _sums[0] + fk[..., :, None] * v[..., None, :]
+    _sums[1] = gamma * _sums[1] + fk
     S, z = _sums
     out = torch.einsum("bhd,bhde->bhe", fq, S) / torch.einsum("bhd,bhd->bh", fq, z)[..., None]
     return out, (S, z)
@@ -212,7 +285,7 @@ def test_a_step_that_keeps_its_own_sums_fails_from_a_state_handed_in(grade_sourc
 _sums = []
 ''')
     result = grade_source("linear-attention", source)
-    assert failing(result) == {"step-matches", "fresh-decode"}
+    assert failing(result) == {"step-matches", "decay-step-matches", "fresh-decode"}
     assert "from a state handed in" in checks_by_id(result)["step-matches"]["message"]
 
 
@@ -247,7 +320,7 @@ def test_every_token_kept_in_a_global_fails_only_the_memory_check(grade_source):
 
 
 def test_a_kv_cache_as_the_state_is_state_grows_with_t(grade_source):
-    source = replace(SOLUTION, SOLUTION[SOLUTION.index("def linear_attention_step"):], '''def linear_attention_step(q, k, v, state=None):
+    source = replace(SOLUTION, SOLUTION[SOLUTION.index("def linear_attention_step"):], '''def linear_attention_step(q, k, v, state=None, gamma=1.0):
     keys = k[:, :, None] if state is None else torch.cat([state[0], k[:, :, None]], dim=2)
     values = v[:, :, None] if state is None else torch.cat([state[1], v[:, :, None]], dim=2)
     out = linear_attention(q[:, :, None], keys, values, causal=False)[:, :, 0]
@@ -284,3 +357,27 @@ def test_the_plot_reads_the_weights_and_a_state_of_one_size(tmp_path, zygotes):
     # Softmax peaks higher than the kernel on the same q and k: the picture's point.
     assert np.asarray(data["softmax"])[4:].max(-1).mean() > np.asarray(data["linear"])[4:].max(-1).mean()
     assert len(set(data["state_bytes"])) == 1 and data["cache_bytes"][-1] > data["state_bytes"][-1]
+
+
+def test_a_decay_ignored_without_causal_fails_only_the_refusal(grade_source):
+    source = replace(SOLUTION, '    if not causal and gamma != 1:\n        raise ValueError("a decay needs causal=True")\n', "")
+    source = replace(source, "    if gamma != 1:\n", "    if causal and gamma != 1:\n")
+    result = grade_source("linear-attention", source)
+    assert failing(result) == {"decay-needs-causal"}
+    assert "was accepted" in checks_by_id(result)["decay-needs-causal"]["message"]
+
+
+def test_chunks_sliced_from_the_whole_matrix_are_not_chunked(grade_source):
+    # Right values, chunk by chunk, from the (T, T) weights: no oracle computes it this way, the
+    # recorded shapes name it.
+    source = replace(SOLUTION, SOLUTION[SOLUTION.index("def linear_attention_chunked"):SOLUTION.index("def linear_attention_step")],
+                     '''def linear_attention_chunked(q, k, v, chunk_size, gamma=1.0):
+    whole = linear_attention(q, k, v, True, gamma)
+    return torch.cat([whole[:, :, s:s + chunk_size] for s in range(0, q.shape[2], chunk_size)], dim=2)
+
+
+''')
+    result = grade_source("linear-attention", source)
+    assert failing(result) == {"chunked-works-by-chunks"}
+    check = checks_by_id(result)["chunked-works-by-chunks"]
+    assert check["diagnosis"] == "not-chunked" and "a tensor of shape (1, 2, 16, 16)" in check["message"]

@@ -545,7 +545,8 @@ def _rope_scaling_answers():
 
 
 def _linear_attention_answers():
-    """linear-attention: the state (S, z) the reference's linear_attention_step returns, on meta tensors."""
+    """linear-attention: the state (S, z) the reference's linear_attention_step returns, on meta
+    tensors, and a key's weight in it, stepped with one-hot values."""
     import torch
 
     from reference import linear_attention as la
@@ -558,8 +559,21 @@ def _linear_attention_answers():
         held = sum(t.numel() for t in state(1, 1, d))
         return next(t for t in range(1, held + 2) if t * (d + d) > held)   # a KV cache of t tokens, d = dv
 
+    def half_life(h):
+        """Tokens after key 0 until its weight in S falls below half: k = 0 makes phi(k) = 1, and the
+        values are 1 for key 0 and 0 after it, so S holds key 0's weight alone."""
+        gamma = 1 - 2 ** (-5 - h)   # RetNet's decay of head h
+        zero, one = torch.zeros(1, 1, 1, dtype=torch.float64), torch.ones(1, 1, 1, dtype=torch.float64)
+        _, (S, z) = la.linear_attention_step(zero, zero, one, None, gamma)
+        n = 0
+        while S.item() >= 0.5:
+            _, (S, z) = la.linear_attention_step(zero, zero, zero, (S, z), gamma)
+            n += 1
+        return n
+
     return {("linear-attention", "state-bytes"): lambda p: sum(t.nbytes for t in state(p["B"], p["H"], p["d"])),
-            ("linear-attention", "cache-crossover"): lambda p: crossover(p["d"])}
+            ("linear-attention", "cache-crossover"): lambda p: crossover(p["d"]),
+            ("linear-attention", "decay-half-life"): lambda p: half_life(p["h"])}
 
 
 def _mla_answers():

@@ -1,5 +1,8 @@
 """flash-linear-attention's chunked form with the intra-chunk mask left out: inside each chunk of 4
-tokens every query sees the chunk's later keys; across chunks the carried state stays causal."""
+tokens every query sees the chunk's later keys, weighed exp(b_g[i] - b_g[j]) (1 without a decay);
+across chunks the carried state stays causal."""
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -10,34 +13,46 @@ def elu_feature_map(x):
     return F.elu(x) + 1
 
 
-def normalize_output(q, k, o):
-    z = (q * k.cumsum(-2)).sum(-1, keepdim=True)
-    return o / (z + 1e-10)
-
-
-def linear_attention(q, k, v, causal=True):
+def linear_attention(q, k, v, causal=True, gamma=1.0):
+    if causal:
+        return linear_attention_chunked(q, k, v, CHUNK, gamma)
+    if gamma != 1.0:
+        raise ValueError(f"gamma={gamma} needs causal=True")
     scale = q.shape[-1] ** -0.5
     q, k = elu_feature_map(q) * scale, elu_feature_map(k)
-    if not causal:
-        o = q @ (k.transpose(-1, -2) @ v)
-        return o / ((q * k.sum(-2, keepdim=True)).sum(-1, keepdim=True) + 1e-10)
+    o = q @ (k.transpose(-1, -2) @ v)
+    return o / ((q * k.sum(-2, keepdim=True)).sum(-1, keepdim=True) + 1e-10)
+
+
+def linear_attention_chunked(q, k, v, chunk_size, gamma=1.0):
+    scale = q.shape[-1] ** -0.5
+    q, k = elu_feature_map(q) * scale, elu_feature_map(k)
     B, H, T, d = q.shape
+    g = math.log(gamma)
     S = q.new_zeros(B, H, d, v.shape[-1])
+    z = q.new_zeros(B, H, d)
     outs = []
-    for start in range(0, T, CHUNK):
-        qc, kc, vc = q[:, :, start:start + CHUNK], k[:, :, start:start + CHUNK], v[:, :, start:start + CHUNK]
-        intra = (qc @ kc.transpose(-1, -2)) @ vc
-        outs.append(qc @ S + intra)
-        S = S + kc.transpose(-1, -2) @ vc
-    return normalize_output(q, k, torch.cat(outs, dim=2))
+    for start in range(0, T, chunk_size):
+        qc, kc, vc = q[:, :, start:start + chunk_size], k[:, :, start:start + chunk_size], v[:, :, start:start + chunk_size]
+        c = qc.shape[2]
+        b_g = g * torch.arange(1, c + 1, dtype=q.dtype, device=q.device)
+        A = (qc @ kc.transpose(-1, -2)) * (b_g[:, None] - b_g[None, :]).exp()
+        q_g = qc * b_g.exp()[:, None]
+        o = A @ vc + q_g @ S
+        n = A.sum(-1, keepdim=True) + q_g @ z[..., None]
+        outs.append(o / (n + 1e-10))
+        k_g = kc * (b_g[-1] - b_g).exp()[:, None]
+        S = S * b_g[-1].exp() + k_g.transpose(-1, -2) @ vc
+        z = z * b_g[-1].exp() + k_g.sum(-2)
+    return torch.cat(outs, dim=2)
 
 
-def linear_attention_step(q, k, v, state=None):
+def linear_attention_step(q, k, v, state=None, gamma=1.0):
     scale = q.shape[-1] ** -0.5
     q, k = elu_feature_map(q) * scale, elu_feature_map(k)
     if state is None:
         state = (k.new_zeros(*k.shape, v.shape[-1]), k.new_zeros(k.shape))
-    S = state[0] + k.unsqueeze(-1) * v.unsqueeze(-2)
-    z = state[1] + k
+    S = gamma * state[0] + k.unsqueeze(-1) * v.unsqueeze(-2)
+    z = gamma * state[1] + k
     o = torch.einsum("bhd,bhdv->bhv", q, S)
     return o / ((q * z).sum(-1, keepdim=True) + 1e-10), (S, z)

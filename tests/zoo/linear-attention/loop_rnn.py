@@ -1,8 +1,10 @@
 """A whiteboard answer that takes the paper's title literally: the causal form IS the RNN, so it
 runs linear_attention_step over the tokens in a Python loop and stacks the outputs; the non-causal
-form sums with matmuls; the step is written with F.elu(x) + 1.0 and torch.matmul. A grader could
-get wrong: the causal form calls the step (a mistake in one shows in both), and builds no
-(B, H, T, d, dv) tensor, only one state at a time."""
+form sums with matmuls; the step is written with F.elu(x) + 1.0 and torch.matmul. The chunked
+form loops too: over the chunks, over each chunk's queries, and over the keys before each query
+in its chunk, weighing each by gamma ** (t - j). A grader could get wrong: the causal form calls
+the step (a mistake in one shows in both), no product of more than one query and one key is
+built, and the chunk's weights are Python floats times dot products."""
 import torch
 import torch.nn.functional as F
 
@@ -11,21 +13,23 @@ def elu_feature_map(x):
     return F.elu(x) + 1.0
 
 
-def linear_attention(q, k, v, causal=True):
+def linear_attention(q, k, v, causal=True, gamma=1.0):
     if causal:
         state = None
         outputs = []
         for t in range(q.size(2)):
-            out, state = linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state)
+            out, state = linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state, gamma)
             outputs.append(out)
         return torch.stack(outputs, dim=2)
+    if gamma != 1.0:
+        raise ValueError("the decay is defined along the causal order only")
     phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)
     kv = torch.matmul(phi_k.transpose(2, 3), v)          # (B, H, d, dv)
     normaliser = torch.matmul(phi_q, phi_k.sum(dim=2).unsqueeze(-1))   # (B, H, Tq, 1)
     return torch.matmul(phi_q, kv) / normaliser
 
 
-def linear_attention_step(q, k, v, state=None):
+def linear_attention_step(q, k, v, state=None, gamma=1.0):
     phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)
     B, H, d = phi_k.shape
     if state is None:
@@ -33,8 +37,34 @@ def linear_attention_step(q, k, v, state=None):
         z = torch.zeros(B, H, d, dtype=v.dtype, device=v.device)
     else:
         S, z = state
-    S = S + torch.matmul(phi_k.unsqueeze(-1), v.unsqueeze(-2))
-    z = z + phi_k
+    S = gamma * S + torch.matmul(phi_k.unsqueeze(-1), v.unsqueeze(-2))
+    z = gamma * z + phi_k
     out = torch.matmul(phi_q.unsqueeze(-2), S).squeeze(-2)
     out = out / torch.matmul(phi_q.unsqueeze(-2), z.unsqueeze(-1)).squeeze(-1)
     return out, (S, z)
+
+
+def linear_attention_chunked(q, k, v, chunk_size, gamma=1.0):
+    phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)
+    B, H, T, d = phi_k.shape
+    S = torch.zeros(B, H, d, v.size(-1), dtype=v.dtype, device=v.device)
+    z = torch.zeros(B, H, d, dtype=v.dtype, device=v.device)
+    outputs = []
+    for start in range(0, T, chunk_size):
+        end = min(start + chunk_size, T)
+        for t in range(start, end):
+            # The chunks before, through the state: its last token is t - start + 1 tokens back.
+            old = gamma ** (t - start + 1)
+            numerator = old * torch.matmul(phi_q[:, :, t].unsqueeze(-2), S).squeeze(-2)
+            denominator = old * torch.matmul(phi_q[:, :, t].unsqueeze(-2), z.unsqueeze(-1)).squeeze(-1)
+            for j in range(start, t + 1):
+                weight = gamma ** (t - j) * torch.matmul(phi_q[:, :, t].unsqueeze(-2), phi_k[:, :, j].unsqueeze(-1)).squeeze(-1)
+                numerator = numerator + weight * v[:, :, j]
+                denominator = denominator + weight
+            outputs.append(numerator / denominator)
+        S = gamma ** (end - start) * S
+        z = gamma ** (end - start) * z
+        for j in range(start, end):
+            S = S + gamma ** (end - 1 - j) * torch.matmul(phi_k[:, :, j].unsqueeze(-1), v[:, :, j].unsqueeze(-2))
+            z = z + gamma ** (end - 1 - j) * phi_k[:, :, j]
+    return torch.stack(outputs, dim=2)

@@ -1,6 +1,6 @@
 """The T x T form carried over to decoding: the state is every key and value so far, a KV cache,
-and each step computes the last row of the masked similarities over it. Right outputs; a state
-that grows by a token a step."""
+and each step computes the last row of the masked, decayed similarities over it. Right outputs;
+a state that grows by a token a step."""
 import torch
 import torch.nn.functional as F
 
@@ -9,21 +9,49 @@ def elu_feature_map(x):
     return torch.where(x > 0, x + 1, torch.exp(x))
 
 
-def linear_attention(q, k, v, causal=True):
+def decay_mask(T, gamma, dtype, device):
+    pos = torch.arange(T, dtype=dtype, device=device)
+    return torch.tril(torch.ones(T, T, dtype=dtype, device=device)) * gamma ** (pos[:, None] - pos[None, :])
+
+
+def linear_attention(q, k, v, causal=True, gamma=1.0):
+    if not causal and gamma != 1.0:
+        raise ValueError("gamma != 1 requires causal=True")
     sim = elu_feature_map(q) @ elu_feature_map(k).transpose(-1, -2)   # (B, H, Tq, Tk)
     if causal:
-        T = sim.shape[-1]
-        sim = sim * torch.tril(torch.ones(T, T, dtype=sim.dtype, device=sim.device))
+        sim = sim * decay_mask(sim.shape[-1], gamma, sim.dtype, sim.device)
     weights = sim / sim.sum(dim=-1, keepdim=True)
     return weights @ v
 
 
-def linear_attention_step(q, k, v, state=None):
+def linear_attention_step(q, k, v, state=None, gamma=1.0):
     if state is None:
         keys, values = k.unsqueeze(2), v.unsqueeze(2)
     else:
         keys = torch.cat([state[0], k.unsqueeze(2)], dim=2)
         values = torch.cat([state[1], v.unsqueeze(2)], dim=2)
+    t = keys.shape[2]
     sim = elu_feature_map(q).unsqueeze(2) @ elu_feature_map(keys).transpose(-1, -2)   # (B, H, 1, t)
+    sim = sim * decay_mask(t, gamma, sim.dtype, sim.device)[-1]   # the last row: the newest query
     out = (sim / sim.sum(dim=-1, keepdim=True)) @ values
     return out.squeeze(2), (keys, values)
+
+
+def linear_attention_chunked(q, k, v, chunk_size, gamma=1.0):
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    S = torch.zeros(fk.shape[:2] + (fk.shape[-1], v.shape[-1]), dtype=k.dtype, device=k.device)
+    z = torch.zeros(fk.shape[:2] + (fk.shape[-1],), dtype=k.dtype, device=k.device)
+    out = []
+    for idx in torch.split(torch.arange(q.shape[2], device=q.device), chunk_size):
+        qc, kc, vc = fq[:, :, idx], fk[:, :, idx], v[:, :, idx]
+        n = len(idx)
+        pos = torch.arange(n, dtype=fq.dtype, device=fq.device)
+        sim = (qc @ kc.transpose(-1, -2)) * decay_mask(n, gamma, fq.dtype, fq.device)
+        old = gamma ** (pos + 1)   # the state's last token is pos + 1 tokens back
+        numerator = sim @ vc + old[:, None] * torch.einsum("bhcd,bhde->bhce", qc, S)
+        denominator = sim.sum(dim=-1) + old * torch.einsum("bhcd,bhd->bhc", qc, z)
+        out.append(numerator / denominator.unsqueeze(-1))
+        w = gamma ** (n - 1 - pos)
+        S = gamma ** n * S + torch.einsum("bhcd,bhce,c->bhde", kc, vc, w)
+        z = gamma ** n * z + torch.einsum("bhcd,c->bhd", kc, w)
+    return torch.cat(out, dim=2)

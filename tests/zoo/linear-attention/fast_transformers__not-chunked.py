@@ -1,0 +1,52 @@
+"""fast-transformers' answer to the chunked form: its causal form, whose cumulative sums hold the
+state after every token, a (B, H, T, d, dv) tensor, whatever chunk_size says. Right values, and
+memory that grows as T·d·dv."""
+import torch
+from torch.nn import functional as F
+
+EPS = 1e-6
+
+
+def elu_feature_map(x):
+    return F.elu(x) + 1
+
+
+def decayed_sums(Q, K, v, gamma, first):
+    """Q and K rescaled so that cumulative sums carry the decay: positions first, first + 1, ..."""
+    pos = torch.arange(first, first + Q.shape[2], dtype=Q.dtype, device=Q.device)
+    Qd = Q * (gamma ** pos)[:, None]
+    Kd = K * (gamma ** -pos)[:, None]
+    return Qd, Kd, torch.einsum("bhsd,bhsm->bhsdm", Kd, v).cumsum(dim=2), Kd.cumsum(dim=2)
+
+
+def linear_attention(q, k, v, causal=True, gamma=1.0):
+    if not causal and gamma != 1.0:
+        raise ValueError("a decay needs causal attention")
+    Q = elu_feature_map(q)
+    K = elu_feature_map(k)
+    if not causal:
+        KV = torch.einsum("bhsd,bhsm->bhmd", K, v)
+        Z = 1 / (torch.einsum("bhld,bhd->bhl", Q, K.sum(dim=2)) + EPS)
+        return torch.einsum("bhld,bhmd,bhl->bhlm", Q, KV, Z)
+    Qd, _, KV, Ks = decayed_sums(Q, K, v, gamma, 0)
+    Z = 1 / (torch.einsum("bhld,bhld->bhl", Qd, Ks) + EPS)
+    return torch.einsum("bhld,bhldm,bhl->bhlm", Qd, KV, Z)
+
+
+def linear_attention_step(q, k, v, state=None, gamma=1.0):
+    Q = elu_feature_map(q)
+    K = elu_feature_map(k)
+    if state is None:
+        Si = q.new_zeros((K.shape[0], K.shape[1], K.shape[2], v.shape[2]))
+        Zi = q.new_zeros(K.shape)
+    else:
+        Si, Zi = state
+    Zi = gamma * Zi + K
+    Si = gamma * Si + torch.einsum("bhd,bhm->bhdm", K, v)
+    Z = 1.0 / (torch.einsum("bhd,bhd->bh", Q, Zi) + EPS)
+    V = torch.einsum("bhd,bhdm,bh->bhm", Q, Si, Z)
+    return V, [Si, Zi]
+
+
+def linear_attention_chunked(q, k, v, chunk_size, gamma=1.0):
+    return linear_attention(q, k, v, causal=True, gamma=gamma)   # the cumulative sums hold every chunk already

@@ -1,0 +1,59 @@
+"""flash-linear-attention's chunked form with the decay on the numerator only: the outputs are
+divided by fla's normalize_output, written for undecayed linear attention (q · k.cumsum(-2)), and
+the step's z is a plain running sum while its S fades."""
+import math
+
+import torch
+import torch.nn.functional as F
+
+CHUNK = 4
+
+
+def elu_feature_map(x):
+    return F.elu(x) + 1
+
+
+def normalize_output(q, k, o):
+    z = (q * k.cumsum(-2)).sum(-1, keepdim=True)
+    return o / (z + 1e-10)
+
+
+def linear_attention(q, k, v, causal=True, gamma=1.0):
+    if causal:
+        return linear_attention_chunked(q, k, v, CHUNK, gamma)
+    if gamma != 1.0:
+        raise ValueError(f"gamma={gamma} needs causal=True")
+    scale = q.shape[-1] ** -0.5
+    q, k = elu_feature_map(q) * scale, elu_feature_map(k)
+    o = q @ (k.transpose(-1, -2) @ v)
+    return o / ((q * k.sum(-2, keepdim=True)).sum(-1, keepdim=True) + 1e-10)
+
+
+def linear_attention_chunked(q, k, v, chunk_size, gamma=1.0):
+    scale = q.shape[-1] ** -0.5
+    q, k = elu_feature_map(q) * scale, elu_feature_map(k)
+    B, H, T, d = q.shape
+    g = math.log(gamma)
+    S = q.new_zeros(B, H, d, v.shape[-1])
+    outs = []
+    for start in range(0, T, chunk_size):
+        qc, kc, vc = q[:, :, start:start + chunk_size], k[:, :, start:start + chunk_size], v[:, :, start:start + chunk_size]
+        c = qc.shape[2]
+        b_g = g * torch.arange(1, c + 1, dtype=q.dtype, device=q.device)
+        decay = (b_g[:, None] - b_g[None, :]).tril().exp().tril()
+        A = (qc @ kc.transpose(-1, -2)) * decay
+        outs.append(A @ vc + (qc * b_g.exp()[:, None]) @ S)
+        k_g = kc * (b_g[-1] - b_g).exp()[:, None]
+        S = S * b_g[-1].exp() + k_g.transpose(-1, -2) @ vc
+    return normalize_output(q, k, torch.cat(outs, dim=2))
+
+
+def linear_attention_step(q, k, v, state=None, gamma=1.0):
+    scale = q.shape[-1] ** -0.5
+    q, k = elu_feature_map(q) * scale, elu_feature_map(k)
+    if state is None:
+        state = (k.new_zeros(*k.shape, v.shape[-1]), k.new_zeros(k.shape))
+    S = gamma * state[0] + k.unsqueeze(-1) * v.unsqueeze(-2)
+    z = state[1] + k
+    o = torch.einsum("bhd,bhdv->bhv", q, S)
+    return o / ((q * z).sum(-1, keepdim=True) + 1e-10), (S, z)
