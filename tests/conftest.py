@@ -231,3 +231,23 @@ def kata_cmd(tmp_path):
 
 def checks_by_id(result):
     return {c["id"]: c for c in result["checks"]}
+
+
+def split_lengths(Tk, n_splits):
+    """The lengths of the chunks the flash-decoding reference's split_kv_decode hands
+    partial_attention for a cache of Tk keys, in order (empty splits as 0)."""
+    from unittest import mock
+
+    import torch
+
+    from reference import flash_decoding as fd
+
+    sizes, attend = [], fd.partial_attention
+
+    def partial(q, k, v):   # records each split's length, then attends as the reference does
+        sizes.append(k.size(-2))
+        return attend(q, k, v)
+
+    with mock.patch.object(fd, "partial_attention", partial):
+        fd.split_kv_decode(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, Tk, 1), torch.zeros(1, 1, Tk, 1), n_splits)
+    return sizes

@@ -3,16 +3,14 @@ oracles), one failure path per check, and its independent oracles (SDPA, torch.l
 float64 merge by softmax over the lses) and the product and key-read counters it reads recorded
 calls with."""
 import math
-from unittest import mock
 
 import numpy as np
 import torch
 
-from conftest import checks_by_id
+from conftest import checks_by_id, split_lengths
 from graders.engine.products import product, score_operands
 from graders.engine.worker import _recorder
 from graders.flash_decoding import inputs, key_reads, logsumexp, merged, partials, score_blocks, sdpa, shifted
-from reference import flash_decoding as fd
 from reference.flash_decoding import merge_partials, partial_attention, split_kv_decode
 
 # A list of partials folded with torch.logaddexp, the chunks cut by a while loop, torch.softmax
@@ -109,18 +107,7 @@ def test_a_split_count_moves_the_boundaries_and_the_rounding():
     """The README: a count puts the boundaries at multiples of ceil(Tk / n_splits), which move as the
     cache grows (a fixed size of 256 keys would keep them: 0, 256, 512, 768), and a float sum taken
     in another order rounds differently."""
-    def chunks(Tk, n):
-        sizes = []
-        def partial(q, k, v):   # records each split's length, then attends as the reference does
-            sizes.append(k.size(-2))
-            return attend(q, k, v)
-
-        attend = fd.partial_attention
-        with mock.patch.object(fd, "partial_attention", partial):
-            fd.split_kv_decode(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, Tk, 1), torch.zeros(1, 1, Tk, 1), n)
-        return sizes
-
-    assert chunks(1000, 4) == [250] * 4 and chunks(1001, 4) == [251, 251, 251, 248]
+    assert split_lengths(1000, 4) == [250] * 4 and split_lengths(1001, 4) == [251, 251, 251, 248]
     q, k, v = inputs(np.random.default_rng(3), 1, 2, 1, 1000, 8, torch.float32)
     by_count = [split_kv_decode(q, k, v, n) for n in (3, 4)]
     torch.testing.assert_close(*by_count, rtol=1e-5, atol=1e-6)

@@ -676,24 +676,13 @@ def _flash_decoding_answers():
     base-2 lse's weight once multiplied by ln 2, and the splits that reach N blocks when each adds
     the tiles of scores of one split (one per sequence and KV head: the blocks a GPU runs)."""
     import math
-    from unittest import mock
 
     import torch
 
+    from conftest import split_lengths
     from graders.engine.products import score_tiles
     from graders.engine.worker import _recorder
     from reference import flash_decoding as fd
-
-    def empty_splits(T, n):
-        sizes = []
-        def partial(q, k, v):   # records each split's length, then attends as the reference does
-            sizes.append(k.size(-2))
-            return attend(q, k, v)
-
-        attend = fd.partial_attention
-        with mock.patch.object(fd, "partial_attention", partial):
-            fd.split_kv_decode(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, T, 1), torch.zeros(1, 1, T, 1), n)
-        return sizes.count(0)
 
     def weight(a, b):
         one = torch.ones(1, 1, 1, 1, dtype=torch.float64)
@@ -708,7 +697,7 @@ def _flash_decoding_answers():
         per_split = sum(math.prod(tile[:-2]) for tile in score_tiles(ops, hd))   # (B, Hkv, rows, Tc): B · Hkv
         return -(-N // per_split)
 
-    return {("flash-decoding", "empty-splits"): lambda p: empty_splits(p["T"], p["n"]),
+    return {("flash-decoding", "empty-splits"): lambda p: split_lengths(p["T"], p["n"]).count(0),
             ("flash-decoding", "merge-weight"): lambda p: weight(p["a"], p["b"]),
             ("flash-decoding", "lse-base-2"): lambda p: weight(p["a"] * math.log(2), p["b"]),
             ("flash-decoding", "splits-to-fill-sms"): lambda p: splits_to_fill(p["B"], p["H"], p["Hkv"], p["N"])}
