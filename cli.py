@@ -671,8 +671,13 @@ def plot(kata_name, kind, out, seed, device, max_t, file, workspace):
     rope-scaling (frequencies): your frequency of each pair under PI, NTK, YaRN and Llama 3.1.
     linear-attention (weights): your causal weights against softmax's, and your decoding
     state's bytes against a KV cache's.
+    prefix-cache (blocks): the blocks your cache gives each request of a stream, cache hits
+    marked, and the tokens each request computes.
+    spec-decode (tree): your draft tree at its positions, its tree_mask beside a chain's.
     roofline (roofline): your prefill and decode FLOPs per byte on an H100's roofline, and
     decode tokens per second against the batch size.
+    ring-attention (ring): the ring's steps, your causal scores coloured by the rank that
+    computes them, contiguous and zig-zag, and each rank's share of the work.
     Your code runs in the kit's sandbox, as for `kata check`; an existing file at --out is
     replaced only if it is a PNG.
     """
@@ -750,7 +755,8 @@ def run_(kata_name, file, workspace):
     The example is the README's "Try it" section: a few lines that call your functions and print
     what they give. `kata run` prints it, then says whether it is what the reference prints or
     shows the lines that differ: your values in seconds, before `kata check` grades every case.
-    For tp-attention the example starts two ranks on this machine (gloo) and prints from each.
+    For tp-attention and ring-attention the example starts two ranks on this machine (gloo) and
+    prints from each.
     It runs your own code, on your request, with this Python and outside the kit's sandbox, as
     `python` would; nothing is graded or recorded. Exit code 0 when it printed what the README
     shows, 1 when it raised, did not finish or printed something else, 2 on a usage error.

@@ -267,11 +267,12 @@ def test_the_newer_katas_run_to_a_scorecard(tmp_path):
 
 @pytest.mark.parametrize("slugs", [("kv-cache", "flash-tiling", "rope"), ("attention-backward", "sliding-window"),
                                    ("roofline", "paged-kv", "flash-decoding", "doc-masking"),
-                                   ("mla", "rope-scaling", "linear-attention", "tp-attention")])
+                                   ("mla", "rope-scaling", "linear-attention", "tp-attention"),
+                                   ("ring-attention", "spec-decode", "prefix-cache", "kv-quant")])
 def test_the_katas_beyond_the_material_run_to_a_scorecard(tmp_path, slugs):
     """`kata interview` draws the katas beyond the material (KV caches, tiling, RoPE, backward,
-    windows, the four of serving and the four of architecture): their coding tasks, then their
-    follow-ups, to a scorecard that counts each kata's points."""
+    windows, the four of serving, the four of architecture, the four at scale): their coding tasks,
+    then their follow-ups, to a scorecard that counts each kata's points."""
     chosen = [manifest.find(slug) for slug in slugs]
     p = plan(manifest.katas(), seed=4, chosen=chosen)
     assert {a.kata for a in p.questions} <= set(slugs) and p.questions
@@ -314,6 +315,14 @@ REVIEW_FOLLOWUPS = {
     "mla": ["absorbed-decode-intensity", "tp-replicates-latent"],
     "rope-scaling": ["dynamic-ntk-and-kv-cache", "static-yarn-short-context"],
     "tp-attention": ["sequence-parallel", "when-context-parallel"],
+    # The katas at scale, on what the second review's section 4 found no kata teaching: every follow-up.
+    "ring-attention": ["ring-memory-per-gpu", "why-zigzag", "overlap-condition", "ulysses-vs-ring",
+                       "ring-bytes-per-rank", "contiguous-causal-blocks"],
+    "spec-decode": ["one-pass", "exact-distribution", "bonus-token", "truncate-or-gather", "tokens-per-step",
+                    "tree-nodes"],
+    "prefix-cache": ["recompute-last-token", "free-order", "cache-salt", "cached-tokens", "prefill-saved"],
+    "kv-quant": ["keys-per-channel", "decoded-token-key-scale", "accumulate-in-float32", "float8-cast-saturates",
+                 "int8-max-error", "cache-ratio", "tokens-that-fit"],
 }
 
 

@@ -184,6 +184,37 @@ def test_flash_memory_grows_linearly_and_the_naive_quadratically(compute):
     assert tiled[-1] < naive[-1] / 3, "at T = 512 the tiles take a fraction of the whole score matrix"
 
 
+
+def test_prefix_blocks_show_a_shared_prefix_and_a_freed_block_hit_again(compute):
+    data = compute("prefix-cache", "blocks")
+    rows = {r["id"]: r for r in data["requests"] if "id" in r}
+    assert rows["r1"]["blocks"][:2] == rows["r0"]["blocks"][:2] and rows["r1"]["cached"] == 8
+    # r0 is freed before r2 arrives: its four full blocks are hit all the same.
+    assert rows["r2"]["blocks"][:4] == rows["r0"]["blocks"] and rows["r2"]["cached"] == 16
+    assert [rows[r]["cached"] for r in ("r0", "r3", "r5", "r6")] == [0, 0, 12, 20]
+def test_tree_shows_ancestors_only_positions_by_depth_and_a_causal_chain(compute):
+    data = compute("spec-decode", "tree")
+    parents, P = data["parents"], data["prefix"]
+    n = len(parents)
+    tree, chain = np.asarray(data["tree"]), np.asarray(data["chain"])
+    assert tree.shape == chain.shape == (n, P + n) and tree[:, :P].all()
+    np.testing.assert_array_equal(chain, np.tril(np.ones((n, P + n), dtype=bool), P))
+    for i, parent in enumerate(parents):
+        ancestors = {i}
+        while parent != -1:
+            ancestors.add(parent)
+            parent = parents[parent]
+        assert set(np.flatnonzero(tree[i, P:])) == ancestors, i
+        assert data["positions"][i] == P + len(ancestors) - 1
+    assert not tree[1, P], "two roots are siblings: neither sees the other"
+def test_ring_shows_the_contiguous_imbalance_and_an_even_zigzag(compute):
+    data = compute("ring-attention", "ring")
+    W, T = data["world"], data["T_local"]
+    assert data["zigzag"][0] == [*range(T // 2), *range(W * T - T // 2, W * T)]   # chunks 0 and 2W-1
+    assert data["scores"]["contiguous"] == [(r + 1) * T * T for r in range(W)]   # rank r: r + 1 blocks
+    assert data["scores"]["zig-zag"] == [T * T + (W - 1) * T * T // 2] * W   # the same on every rank
+
+
 def test_a_stub_writes_no_file(kata_cmd):
     """End to end through the installed command."""
     assert kata_cmd("start", "causal-mask").returncode == 0

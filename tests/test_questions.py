@@ -491,6 +491,45 @@ def _agrees_with_the_reference():
         **_linear_attention_answers(),
         **_rope_scaling_answers(),
         **_tp_attention_answers(),
+        **_ring_attention_answers(),
+        **_spec_decode_answers(),
+        **_prefix_cache_answers(),
+        **_kv_quant_answers(),
+    }
+
+
+def _spec_decode_answers():
+    """spec-decode: tokens per step from the reference's accept_greedy on a chain whose first k
+    drafts the target agrees with (probability α^k (1 - α), or α^γ for all γ), and the nodes of a
+    full tree counted from the reference's tree_positions."""
+    import torch
+
+    from reference import spec_decode as sd
+
+    def emitted(g, k):
+        """Tokens one step emits when the target agrees with the first k of g drafted tokens."""
+        logits = torch.zeros(g + 1, 3)
+        logits[torch.arange(g + 1), torch.tensor([1] * k + [2] * (g + 1 - k))] = 1.0   # 1: agree, 2: not
+        path, _bonus = sd.accept_greedy([1] * g, [-1] + list(range(g - 1)), logits)
+        return len(path) + 1
+
+    def tokens_per_step(g, a):
+        return sum((a ** k * (1 - a) if k < g else a ** g) * emitted(g, k) for k in range(g + 1))
+
+    def full_tree_nodes(b, D):
+        parents, level = [], [-1]
+        for _ in range(D):   # each node of a level gets b children
+            below = []
+            for parent in level:
+                below += range(len(parents), len(parents) + b)
+                parents += [parent] * b
+            level = below
+        assert int(sd.tree_positions(parents, 0).max()) == D - 1
+        return len(sd.tree_positions(parents, 0))
+
+    return {
+        ("spec-decode", "tokens-per-step"): lambda p: tokens_per_step(p["g"], p["a"]),
+        ("spec-decode", "tree-nodes"): lambda p: full_tree_nodes(p["b"], p["D"]),
     }
 
 
@@ -525,6 +564,46 @@ def _tp_attention_answers():
     return {("tp-attention", "tp-kv-cache-per-gpu"): lambda p: kv_cache_bytes(p["L"], p["H"], p["Hkv"], p["hd"], p["p"]),
             ("tp-attention", "params-per-rank"): lambda p: params(p["D"], p["H"], p["Hkv"], p["p"]),
             ("tp-attention", "all-reduce-bytes"): lambda p: all_reduce_bytes(p["p"], p["B"], p["T"], p["D"])}
+
+
+def _ring_attention_answers():
+    """ring-attention: the reference's ring run rank by rank on meta tensors, its point-to-point
+    calls answered by stand-ins that count what each rank sends, its score products recorded."""
+    import math
+    from types import SimpleNamespace
+    from unittest import mock
+
+    import torch
+
+    from graders.engine.products import score_tiles
+    from graders.engine.worker import _recorder
+    from reference import ring_attention as ra
+
+    def run(rank, world, T, H, hd, causal, ops=None):
+        sent = []
+        send = lambda t, peer: sent.append(t.nbytes) or SimpleNamespace(wait=lambda: None)
+        recv = lambda t, peer: SimpleNamespace(wait=lambda: None)
+        qkv = [torch.empty(1, H, T, hd, dtype=torch.bfloat16, device="meta") for _ in range(3)]
+        with mock.patch.multiple(ra.dist, isend=send, irecv=recv, P2POp=lambda op, t, peer: (op, t, peer),
+                                 batch_isend_irecv=lambda p2p: [op(t, peer) for op, t, peer in p2p]):
+            if ops is None:
+                ra.ring_attention(*qkv, causal, rank, world)
+            else:
+                with _recorder()(ops):
+                    ra.ring_attention(*qkv, causal, rank, world)
+        return sum(sent)
+
+    def blocks(world, T=8, hd=3):   # head_dim 3: only the scores contract it
+        total = 0
+        for rank in range(world):
+            ops = []
+            run(rank, world, T, 1, hd, True, ops)
+            total += sum(math.prod(tile) for tile in score_tiles(ops, hd)) // (T * T)
+        return total
+
+    return {("ring-attention", "ring-bytes-per-rank"): lambda p: run(0, p["N"], p["T"] // p["N"], p["Hkv"], p["hd"],
+                                                                     False),
+            ("ring-attention", "contiguous-causal-blocks"): lambda p: blocks(p["N"])}
 
 
 def _rope_scaling_answers():
@@ -670,6 +749,30 @@ def _paged_kv_answers():
     }
 
 
+def _kv_quant_answers():
+    """kv-quant: bytes counted on the reference's own cache (codes and scales as it stores them, on
+    meta tensors), and the int8 step of its quantize."""
+    import torch
+
+    from reference import kv_quant
+
+    def stored(B, Hkv, hd, T):
+        """Bytes of codes and of scales the reference cache holds after one append of T tokens."""
+        cache = kv_quant.QuantKVCache(torch.int8)
+        cache.append(*[torch.empty(B, Hkv, T, hd, device="meta")] * 2)
+        return (sum(t.nbytes for t in cache.k + cache.v), sum(t.nbytes for t in cache.k_scale + cache.v_scale))
+
+    def ratio(Hkv, hd, G):
+        """bf16 bytes per token over int8's, the keys' scales shared by a group of G tokens."""
+        codes, scales = stored(1, Hkv, hd, G)
+        return 2 * 2 * Hkv * hd / ((codes + scales) / G)
+
+    return {("kv-quant", "int8-max-error"): lambda p: p["a"] / kv_quant.QMAX[torch.int8] / 2,
+            ("kv-quant", "cache-ratio"): lambda p: ratio(p["Hkv"], p["hd"], p["G"]),
+            ("kv-quant", "tokens-that-fit"): lambda p: p["M"] * 2**30 // (
+                p["L"] * stored(p["B"], p["Hkv"], p["hd"], 1)[0])}
+
+
 def _flash_decoding_answers():
     """The empty splits the reference's split_kv_decode hands partial_attention, the weight its
     merge_partials gives out_1 (out_1 = 1 and out_2 = 0: the merged output is that weight), a
@@ -714,3 +817,26 @@ def test_numeric_answers_agree_with_the_references_on_every_parameter_choice():
             assert expected == pytest.approx(compute(params), rel=1e-12), (slug, ident, params)
             checked += 1
     assert checked > 200
+
+
+def _prefix_cache_answers():
+    """prefix-cache: hits counted by the reference's own cache, on prompts of distinct token ids."""
+    from reference.prefix_cache import PrefixCache
+
+    def cached_again(n, b):
+        """A prompt of n tokens allocated, freed, and sent again: the tokens the cache gives back."""
+        cache = PrefixCache(-(-n // b) + 1, b)
+        cache.allocate("first", list(range(n)))
+        cache.free("first")
+        return cache.allocate("again", list(range(n)))[1]
+
+    def computed(R, S, U, b):
+        """R requests of the same S system tokens and U of their own, one after the other."""
+        cache, total = PrefixCache(R * (-(-(S + U) // b)), b), 0
+        for r in range(R):
+            prompt = list(range(S)) + list(range(S + r * U, S + (r + 1) * U))
+            total += S + U - cache.allocate(r, prompt)[1]
+        return total
+
+    return {("prefix-cache", "cached-tokens"): lambda p: cached_again(p["n"], p["b"]),
+            ("prefix-cache", "prefill-saved"): lambda p: computed(p["R"], p["S"], p["U"], p["b"])}

@@ -63,6 +63,23 @@ def test_torch_tensors_keep_dtype_and_meta_device(tmp_path):
         assert learner.get(module, "training") is False
 
 
+def test_float8_tensors_cross_both_ways_exactly(tmp_path):
+    """NumPy has no float8: a float8 tensor crosses as float32 (which holds each of its values)
+    and comes back in its own dtype, from the sandbox and to it."""
+    import torch
+
+    source = "import torch\ndef f(x):\n    return x.to(torch.float8_e4m3fn), x.to(torch.float8_e5m2)\n" \
+             "def g(q):\n    return q.float(), str(q.dtype)\n"
+    learner, sandbox = learner_for(tmp_path, source, framework="torch")
+    with sandbox:
+        x = torch.tensor([0.3, -1.7, 500.0, 2.0 ** -9])
+        e4m3, e5m2 = learner.f(x)
+        assert e4m3.dtype == torch.float8_e4m3fn and torch.equal(e4m3.float(), x.to(torch.float8_e4m3fn).float())
+        assert e5m2.dtype == torch.float8_e5m2 and torch.equal(e5m2.float(), x.to(torch.float8_e5m2).float())
+        back, dtype = learner.g(e4m3)
+        assert dtype == "torch.float8_e4m3fn" and torch.equal(back, e4m3.float())
+
+
 def test_tensor_subclass_arrives_as_foreign(tmp_path):
     source = ("import torch\nclass Sly(torch.Tensor):\n    def __eq__(self, other):\n        return True\n"
               "def f(x):\n    return x.as_subclass(Sly)\n")

@@ -410,7 +410,8 @@ class Learner:
                 # A permuted view (e.g. x.transpose(1, 2)) is sent as its contiguous base and the
                 # permutation, so the sandbox rebuilds a view with the same strides.
                 cpu = value.detach().cpu().permute(order).contiguous()
-                data = _npy((cpu.float() if cpu.dtype == torch.bfloat16 else cpu).numpy(), blobs)
+                narrow = cpu.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)   # not in NumPy
+                data = _npy((cpu.float() if narrow else cpu).numpy(), blobs)
             return {"tensor": data, "dtype": str(value.dtype), "device": device, "shape": list(value.shape),
                     "requires_grad": bool(value.requires_grad),
                     "permute": [order.index(i) for i in range(value.dim())]}
@@ -606,8 +607,9 @@ def _fingerprint(value) -> bytes:
         import torch
 
         t = value.detach().cpu()
-        half = t.is_floating_point() and t.element_size() == 2   # NumPy has no bfloat16: its bits
-        return f"tensor {t.dtype} ".encode() + _fingerprint((t.view(torch.int16) if half else t).numpy())
+        narrow = t.is_floating_point() and t.element_size() <= 2   # NumPy has no bfloat16, no float8: their bits
+        bits = {2: torch.int16, 1: torch.uint8}.get(t.element_size())
+        return f"tensor {t.dtype} ".encode() + _fingerprint((t.view(bits) if narrow else t).numpy())
     if isinstance(value, np.ndarray):
         return f"{value.dtype} {value.shape} ".encode() + np.ascontiguousarray(value).tobytes()
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value)).encode()

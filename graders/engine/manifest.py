@@ -77,6 +77,7 @@ TRACKS = (
     Track("beyond", "Beyond the seed: cross-attention, positions, the KV cache, FlashAttention, the backward pass"),
     Track("serving", "Serving: the decode roofline, paged and split KV caches, packed documents"),
     Track("architecture", "Architectures: latent attention, long context, linear attention, tensor parallelism"),
+    Track("scale", "At scale: ring attention across ranks, speculative decoding, prefix caching, quantised KV caches"),
 )
 NO_TRACK = Track("", "Other katas")   # where a kata that names no track is listed: a course's own, as a rule
 

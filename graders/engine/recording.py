@@ -162,7 +162,8 @@ def _feed(h, value):
         h.update(f"tensor:{t.dtype}{tuple(t.shape)}:{t.device.type == 'meta'}:".encode())
         if t.device.type != "meta":
             t = t.cpu().contiguous()
-            h.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes())
+            narrow = t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)   # not in NumPy: their bits
+            h.update((t.view(torch.int16 if t.element_size() == 2 else torch.uint8) if narrow else t).numpy().tobytes())
     elif _torch_kind(value) in ("dtype", "device"):
         h.update(f"{_torch_kind(value)}:{value};".encode())
     else:
@@ -239,7 +240,8 @@ def _encode(value, arrays):
         entry = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "meta": t.device.type == "meta"}
         if not entry["meta"]:
             t = t.cpu()
-            arrays.append((t.float() if t.dtype == torch.bfloat16 else t).numpy().copy())
+            narrow = t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)   # float32 holds them exactly
+            arrays.append((t.float() if narrow else t).numpy().copy())
             entry["data"] = len(arrays) - 1
         return {"tensor": entry}
     raise TypeError(f"cannot record an oracle value of type {type(value).__qualname__}")

@@ -156,7 +156,8 @@ def _encode(value, arrays: dict):
         order = layout(value)   # a view keeps its strides: its contiguous base, and the permutation back
         base = value.detach().cpu().permute(order).contiguous()
         name = f"a{len(arrays)}"
-        arrays[name] = (base.float() if base.dtype == torch.bfloat16 else base).numpy()
+        narrow = base.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)   # float32 holds them exactly
+        arrays[name] = (base.float() if narrow else base).numpy()
         return {"tensor": name, **fields, "permute": [order.index(i) for i in range(value.dim())]}
     if type(value).__module__ == "torch" and type(value).__name__ in ("dtype", "device"):
         return {f"torch_{type(value).__name__}": str(value)}

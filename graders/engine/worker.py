@@ -147,7 +147,8 @@ class Codec:
                 "contiguous": bool(t.is_contiguous()) if t.layout == torch.strided else False}
         if t.device.type != "meta":
             data = t.detach().to("cpu").as_subclass(torch.Tensor)
-            if data.dtype == torch.bfloat16:   # no bfloat16 in NumPy; float32 holds it exactly
+            # no bfloat16 or float8 in NumPy; float32 holds every value of each exactly
+            if data.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
                 data = data.float()
             meta["tensor"] = _npy(data.resolve_conj().resolve_neg().numpy(), blobs)
         return meta

@@ -913,6 +913,221 @@ def draw_linear_weights(data: dict):
                    "cannot peak like exp), and a state that stays one size while a KV cache grows")
 
 
+# --- prefix-cache: blocks -----------------------------------------------------------------------
+
+PC_BLOCKS, PC_BLOCK_SIZE = 12, 4   # a small pool: the stream below evicts
+# (request, prompt as slices of named streams) in arrival order, "free x" between them.
+PC_STREAMS = {"sys": 10, "doc": 12, "u0": 6, "u1": 3, "u2": 5, "u3": 7, "u4": 2, "u5": 4}
+PC_SCRIPT = (("r0", (("sys", 10), ("u0", 6))), ("r1", (("sys", 10), ("u1", 3))), "free r0",
+             ("r2", (("sys", 10), ("u0", 6), ("u2", 5))), "free r1", ("r3", (("doc", 12), ("u3", 7))), "free r2",
+             ("r4", (("sys", 10), ("u4", 2))), "free r3", ("r5", (("doc", 12), ("u5", 4))),
+             ("r6", (("sys", 10), ("u0", 6), ("u2", 5))))
+
+
+def prefix_blocks_data(learner: Learner, **_) -> dict:
+    """The blocks the learner's PrefixCache gives each request of a scripted stream, in arrival
+    order, and how many of its tokens were cached: which block each request's tokens sit in."""
+    tokens, first = {}, 1000
+    for name, n in PC_STREAMS.items():   # distinct token ids per stream
+        tokens[name], first = list(range(first, first + n)), first + 100
+    cache = learner.PrefixCache(PC_BLOCKS, PC_BLOCK_SIZE)
+    requests = []
+    for item in PC_SCRIPT:
+        if type(item) is str:
+            rid = item.split()[1]
+            cache.free(rid)
+            requests.append({"free": rid})
+            continue
+        rid, parts = item
+        prompt = [t for name, n in parts for t in tokens[name][:n]]
+        call = f"cache.allocate({rid!r}, {' + '.join(name for name, _ in parts)}: {len(prompt)} tokens)"
+        got = cache.allocate(rid, prompt)
+        if not (type(got) in (tuple, list) and len(got) == 2 and type(got[0]) in (list, tuple)
+                and all(type(b) is int for b in got[0]) and type(got[1]) is int):
+            _fail("allocate must return (block_ids, num_cached_tokens).", call=call, got=describe_value(got),
+                  expected="a tuple (list of ints, int)")
+        blocks, cached = list(got[0]), got[1]
+        if len(blocks) != -(-len(prompt) // PC_BLOCK_SIZE) or not 0 <= cached < len(prompt) \
+                or any(not 0 <= b < PC_BLOCKS for b in blocks):
+            _fail("A request holds ceil(len(tokens) / block_size) blocks of the pool, and fewer cached tokens than "
+                  "its prompt.", call=call, got=f"{len(blocks)} blocks {blocks}, {cached} tokens cached",
+                  expected=f"{-(-len(prompt) // PC_BLOCK_SIZE)} ids in range({PC_BLOCKS}), under {len(prompt)} cached")
+        requests.append({"id": rid, "parts": [f"{name}[:{n}]" for name, n in parts], "tokens": len(prompt),
+                         "blocks": blocks, "cached": cached})
+    return {"num_blocks": PC_BLOCKS, "block_size": PC_BLOCK_SIZE, "requests": requests}
+
+
+def draw_prefix_blocks(data: dict):
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    bs, n_blocks = data["block_size"], data["num_blocks"]
+    rows = [r for r in data["requests"] if "id" in r]
+    width = max(-(-r["tokens"] // bs) for r in rows)
+    colours = colormaps["tab20"](np.arange(n_blocks) % 20)
+    figure = Figure(figsize=(15, 5.4), layout="constrained")
+    grid, bars = figure.subplots(1, 2, width_ratios=[2.2, 1])
+    order, y = [], 0
+    for item in data["requests"]:
+        if "free" in item:   # a dashed line where a request ends
+            grid.axhline(y - 0.5, color="grey", linestyle=":", linewidth=0.8)
+            grid.text(width + 0.1, y - 0.5, f"free {item['free']}", va="center", fontsize=7, color="grey")
+            continue
+        hits = item["cached"] // bs
+        for i, b in enumerate(item["blocks"]):
+            filled = min(bs, item["tokens"] - i * bs)
+            grid.add_patch(Rectangle((i - 0.5, y - 0.4), filled / bs, 0.8, facecolor=colours[b],
+                                     edgecolor="black", linewidth=2.2 if i < hits else 0.6,
+                                     hatch="//" if i < hits else None))
+            grid.text(i - 0.5 + filled / bs / 2, y, f"{b}", ha="center", va="center", fontsize=8)
+        order.append(f"{item['id']}: {' + '.join(item['parts'])}")
+        y += 1
+    grid.set(xlim=(-0.6, width + 1.2), ylim=(y - 0.5, -0.7), xlabel=f"block of the prompt ({bs} tokens each)",
+             title=f"the block each request's tokens sit in, by your block ids (a pool of {n_blocks})\nhatched, "
+                   "thick: a cache hit, a block an earlier request filled")
+    grid.set_yticks(range(len(order)), order, fontsize=8)
+    grid.set_xticks(range(width))
+    ids = [r["id"] for r in rows]
+    cached = [r["cached"] for r in rows]
+    computed = [r["tokens"] - r["cached"] for r in rows]
+    bars.barh(ids, cached, color="tab:green", label="cached tokens (num_cached_tokens)")
+    bars.barh(ids, computed, left=cached, color="tab:orange", label="tokens computed")
+    bars.invert_yaxis()
+    bars.set(xlabel="prompt tokens", title="what each request computes")
+    return _finish(figure, bars, "prefix-cache, from your code: requests share the full blocks of a common prefix, "
+                   "a freed block keeps its hash until the least recently used are taken")
+# --- spec-decode: tree --------------------------------------------------------------------------
+
+SD_PARENTS = [-1, -1, 0, 0, 1, 2, 2, 4]   # two candidates for the next token, their children, theirs
+SD_PREFIX = 3
+
+
+def tree_data(learner: Learner, **_) -> dict:
+    """The learner's tree_mask and tree_positions of a draft tree after a prefix, and its tree_mask
+    of a chain of as many nodes: the tree's mask has holes where the chain's is a triangle."""
+    import torch
+
+    n, p = len(SD_PARENTS), SD_PREFIX
+    chain = [-1] + list(range(n - 1))
+
+    def mask(parents):
+        call = f"tree_mask({parents}, {p})"
+        return _tensor(learner.tree_mask(parents, p), (n, p + n), dtype=torch.bool, call=call, what="The mask").cpu()
+
+    call = f"tree_positions({SD_PARENTS}, {p})"
+    positions = _tensor(learner.tree_positions(SD_PARENTS, p), (n,), dtype=torch.int64, call=call,
+                        what="The positions").cpu()
+    return {"parents": SD_PARENTS, "prefix": p, "positions": positions.tolist(),
+            "tree": mask(SD_PARENTS).numpy(), "chain": mask(chain).numpy()}
+
+
+def draw_tree(data: dict):
+    from matplotlib.figure import Figure
+
+    parents, p, positions = data["parents"], data["prefix"], data["positions"]
+    figure = Figure(figsize=(16, 5.2), layout="constrained")
+    graph, tree, chain = figure.subplots(1, 3, width_ratios=[1.2, 1, 1])
+    # The tree: x is the position the learner gave each node, y spreads each position's nodes.
+    row_of, seen = {}, {}
+    for i, x in enumerate(positions):
+        row_of[i] = seen.get(x, 0)
+        seen[x] = row_of[i] + 1
+    for j in range(p):
+        graph.plot(j, 0, "s", color="grey", markersize=16)
+        graph.annotate(f"p{j}", (j, 0), ha="center", va="center", color="white", fontsize=8)
+    for node, parent in enumerate(parents):   # an edge from each node's parent (the prefix's last token for -1)
+        x0, y0 = (p - 1, 0) if parent < 0 else (positions[parent], -row_of[parent])
+        graph.plot([x0, positions[node]], [y0, -row_of[node]], "-", color="tab:blue", linewidth=1, zorder=1)
+    for i, x in enumerate(positions):
+        graph.plot(x, -row_of[i], "o", color="tab:blue", markersize=18, zorder=2)
+        graph.annotate(str(i), (x, -row_of[i]), ha="center", va="center", color="white", fontsize=9)
+    graph.set(xlabel="position (your tree_positions)", title=f"the draft tree after a prefix of {p} tokens",
+              yticks=[])
+    graph.set_xticks(range(max(positions) + 1))
+    graph.margins(0.15)
+    n = len(parents)
+    labels = [f"p{j}" for j in range(p)] + [str(i) for i in range(n)]
+    for ax, key, title in ((tree, "tree", f"tree_mask({parents}, {p})"),
+                           (chain, "chain", f"tree_mask of a chain of {n}, {p}: causal")):
+        ax.imshow(np.asarray(data[key], dtype=float), cmap="Blues", vmin=0.0, vmax=1.2, aspect="equal",
+                  interpolation="nearest")
+        ax.set_title(title, fontsize=10)
+        ax.set_xticks(range(p + n), labels, fontsize=8)
+        ax.set_yticks(range(n), [str(i) for i in range(n)], fontsize=8)
+        ax.set(xlabel="key: the prefix, then the nodes", ylabel="node")
+    figure.suptitle("spec-decode, from your code: each node sees the prefix, its ancestors and itself (dark), "
+                    "at position prefix + depth; a chain's mask is the causal one")
+    return figure
+# --- ring-attention: ring ---------------------------------------------------------------------
+
+RING_WORLD, RING_T, RING_D = 4, 8, 6   # 4 ranks of 8 tokens; head_dim 6 is neither 8 nor 4
+
+
+def ring_data(learner: Learner, *, seed: int, **_) -> dict:
+    """Which positions the learner's zigzag_shard gives each rank, and how many scores each rank's
+    causal ring_attention computes (its recorded products that contract head_dim), in the
+    contiguous and the zig-zag layout, 4 ranks of the learner's file."""
+    import torch
+
+    from ..engine.products import score_tiles
+
+    W, T = RING_WORLD, RING_T
+    positions = torch.arange(W * T)
+    zigzag = []
+    for rank in range(W):
+        call = f"zigzag_shard(torch.arange({W * T}), {rank}, {W}, 0)"
+        zigzag.append(_tensor(learner.zigzag_shard(positions, rank, W, 0), (T,), dtype=torch.int64, call=call).tolist())
+    rng = np.random.default_rng(seed)
+    q, k, v = (torch.tensor(rng.standard_normal((1, 1, W * T, RING_D))) for _ in range(3))
+    ranks, scores = learner.ranks(W), {}
+    for layout, held in (("contiguous", [list(range(r * T, (r + 1) * T)) for r in range(W)]), ("zig-zag", zigzag)):
+        def run(rank, L, held=held, layout=layout):
+            idx = torch.tensor(held[rank])
+            with L.recording() as ops:
+                _pair(L.ring_attention(q[:, :, idx], k[:, :, idx], v[:, :, idx], True, rank, W, layout == "zig-zag"),
+                      call=f"ring_attention(q, k, v, True, {rank}, {W}, zigzag={layout == 'zig-zag'})")
+            return sum(int(np.prod(tile)) for tile in score_tiles(ops, RING_D))
+        scores[layout] = ranks.each(run)
+    return {"world": W, "T_local": T, "zigzag": zigzag, "scores": scores}
+
+
+def draw_ring(data: dict):
+    from matplotlib.figure import Figure
+
+    W, T = data["world"], data["T_local"]
+    figure = Figure(figsize=(15, 4.8), layout="constrained")
+    steps, owners, bars = figure.subplots(1, 3, width_ratios=[1, 1.3, 1.2])
+    held = np.array([[(rank - step) % W for rank in range(W)] for step in range(W)])
+    steps.imshow(held, cmap="tab10", vmin=0, vmax=9, aspect="equal")
+    for step in range(W):
+        for rank in range(W):
+            steps.text(rank, step, f"k,v of\nrank {held[step, rank]}", ha="center", va="center", fontsize=8)
+    steps.set(title="the ring: the chunk each rank holds\n(sent on to rank + 1 after each step)",
+              xlabel="rank", ylabel="step", xticks=range(W), yticks=range(W))
+    n, gap = W * T, T // 2   # the two layouts side by side, a gap between
+    owner = np.full(n, -1)
+    for rank, positions in enumerate(data["zigzag"]):
+        owner[positions] = rank
+    grid = np.full((n, 2 * n + gap), np.nan)
+    for i in range(n):
+        grid[i, :i + 1] = i // T                         # contiguous: query i's rank computes its row
+        grid[i, n + gap:n + gap + i + 1] = owner[i]   # zig-zag: the rank your zigzag_shard gives it
+    owners.imshow(grid, cmap="tab10", vmin=0, vmax=9, aspect="equal", interpolation="nearest")
+    owners.set(title="causal scores, coloured by the rank that computes them:\ncontiguous (left), "
+                     "your zig-zag layout (right)", xlabel="key position", ylabel="query position",
+               xticks=[0, n - 1, n + gap, 2 * n + gap - 1],
+               xticklabels=["0", str(n - 1), "0", str(n - 1)])
+    x = np.arange(W)
+    for offset, layout in ((-0.2, "contiguous"), (0.2, "zig-zag")):
+        bars.bar(x + offset, np.array(data["scores"][layout]) / T**2, width=0.4, label=f"{layout}, your ring")
+    bars.axhline(1 + (W - 1) / 2, color="black", linestyle="--", linewidth=1, label="zig-zag's even share")
+    bars.set(xticks=x, xlabel="rank", ylabel=f"blocks of {T}×{T} scores computed",
+             title=f"causal work per rank, your ring_attention, {W} ranks")
+    return _finish(figure, bars, "ring-attention, from your code: chunks of keys and values pass round the ring; "
+                   "contiguous chunks leave the last rank all the causal work, zig-zag shares it out")
+
+
 # (kata slug, plot kind) -> (data function, draw function); manifests say which a kata has.
 PLOTS = {
     ("rope-scaling", "frequencies"): (frequencies_data, draw_frequencies),
@@ -928,4 +1143,7 @@ PLOTS = {
     ("roofline", "roofline"): (roofline_data, draw_roofline),
     ("doc-masking", "documents"): (documents_data, draw_documents),
     ("linear-attention", "weights"): (linear_weights_data, draw_linear_weights),
+    ("prefix-cache", "blocks"): (prefix_blocks_data, draw_prefix_blocks),
+    ("spec-decode", "tree"): (tree_data, draw_tree),
+    ("ring-attention", "ring"): (ring_data, draw_ring),
 }

@@ -359,10 +359,11 @@ class Writer:
             return f"torch.empty({list(t.shape)}, dtype=torch.{dtype}, device='meta')"
         order = layout(t)
         base = t.detach().permute(order).contiguous()
-        data = (base.float() if base.dtype == torch.bfloat16 else base).numpy()   # NumPy has no bfloat16
+        narrow = base.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)   # not in NumPy
+        data = (base.float() if narrow else base).numpy()   # float32 holds each of their values exactly
         code = f'torch.from_numpy(DATA["{self._array(hint, data)}"])'
-        if t.dtype == torch.bfloat16:
-            code += ".to(torch.bfloat16)"
+        if narrow:
+            code += f".to(torch.{dtype})"
         back = [order.index(i) for i in range(t.dim())]
         if back != list(range(t.dim())):
             code += f".permute{tuple(back)}   # a view with the check's strides"
