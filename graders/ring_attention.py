@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from graders.engine import expect
+from graders.engine.learner import least_sent
 from graders.engine.products import score_tiles
 from graders.engine.recording import recorded
 from graders.engine.structure import check_untampered
@@ -238,26 +239,13 @@ def test_holds_two_chunks(learner, bugs, kata, rng):
     check_untampered(learner, call=ring.call, case=case)
 
 
-def least_sent(ranks, run, times=2) -> int | None:
-    """The fewest bytes the ranks send over their loopback in one of ``times`` calls of ``run``
-    (None where the count is not theirs alone): a resent segment on a loaded machine is noise that
-    does not come back every call, what the code sends does."""
-    counts = []
-    for _ in range(times):
-        before = ranks.loopback_bytes()
-        run()
-        after = ranks.loopback_bytes()
-        counts.append(None if before is None or after is None else after - before)
-    return None if None in counts else min(counts)
-
-
 def test_ring_traffic(learner, bugs, kata, rng):
     """each rank sends its neighbour world_size - 1 chunks of k and v per call, no more"""
     world = 4   # a transfer too many (world_size per rank) sends a third more here
     ranks, ring = learner.ranks(world), Ring(bugs, kata, rng, world, BIG, False, False)
     before = ranks.collectives()
     ring.judge(ring.run(ranks))
-    sent = least_sent(ranks, lambda: ring.run(ranks))
+    sent = least_sent(ranks, lambda: ring.run(ranks), times=2)   # a ring's calls cost: two are enough here
     if sent is not None:
         ideal = world * (world - 1) * ring.kv_bytes
         limit = ideal + ideal // 20 + (64 << 10)   # 5 % and 64 KiB for the headers of packets and messages

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from graders.engine import expect
-from graders.engine.learner import CollectiveNotJoined
+from graders.engine.learner import CollectiveNotJoined, least_sent
 from graders.engine.recording import recorded
 from graders.engine.structure import check_untampered
 from graders.engine.weights import listing, normal
@@ -346,21 +346,6 @@ def test_own_shards_only(learner, bugs, kata, rng):
             expect.array(got, expected, call=f"{call}: rank {rank}'s output", case=case, what=f"rank {rank}'s output",
                          against="the single-process CausalSelfAttention with the full weights", **tol)
     check_untampered(learner, call=call, case=case)
-
-
-def least_sent(ranks, run, times=3) -> int | None:
-    """The fewest bytes the ranks send over their loopback in one of ``times`` calls of ``run``
-    (None where the count is not theirs alone). A count is what the code sends plus noise, never
-    less: an acknowledgement of an earlier exchange, a segment resent on a loaded machine. What the
-    code sends comes back every call, the noise does not, so the least count is the code's. The
-    calls are always ``times``: what the grader asks of the code never depends on the noise."""
-    counts = []
-    for _ in range(times):
-        before = ranks.loopback_bytes()
-        run()
-        after = ranks.loopback_bytes()
-        counts.append(None if before is None or after is None else after - before)
-    return None if None in counts else min(counts)
 
 
 def test_one_all_reduce(learner, bugs, rng):

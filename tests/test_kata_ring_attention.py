@@ -14,7 +14,7 @@ from conftest import checks_by_id
 from graders.engine.learner import Learner
 from graders.engine.manifest import ROOT
 from graders.engine.sandbox import Sandbox, Zygote
-from graders.ring_attention import least_sent, simulate
+from graders.ring_attention import simulate
 from reference import ring_attention_bugs as bugs
 from reference.ring_attention import ring_attention, zigzag_shard, zigzag_unshard
 from reference.ring_attention_expected import attention
@@ -115,21 +115,6 @@ def test_ring_flash_attentions_sigmoid_merge_is_the_log_sum_exp_merge():
     merged = torch.exp(lse - new)[..., None] * out + torch.exp(block_lse - new)[..., None] * block_out
     torch.testing.assert_close(out - torch.sigmoid(block_lse - lse)[..., None] * (out - block_out), merged)
     torch.testing.assert_close(lse - F.logsigmoid(lse - block_lse), new)
-
-
-def test_the_bytes_are_the_least_of_two_calls():
-    class Loopback:   # a loopback whose first call also resends 900 bytes
-        sent, calls = 0, 0
-
-        def loopback_bytes(self):
-            return self.sent
-
-        def run(self):
-            self.calls += 1
-            self.sent += 1000 + (900 if self.calls == 1 else 0)
-
-    ranks = Loopback()
-    assert least_sent(ranks, ranks.run) == 1000 and ranks.calls == 2
 
 
 # --- the grader on learners' files, as real ranks -------------------------------------------------

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import checks_by_id
+from graders.engine.learner import least_sent
 from graders.engine.manifest import find
-from graders.tp_attention import (CONFIGS, REPLICATED, full_weights, least_sent, normal, per_rank, sdpa, simulate,
-                                  single)
+from graders.tp_attention import CONFIGS, REPLICATED, full_weights, normal, per_rank, sdpa, simulate, single
 from reference import tp_attention_bugs as bugs
 from reference.tp_attention import TensorParallelAttention
 from reference.tp_attention_expected import CausalSelfAttention
