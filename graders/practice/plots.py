@@ -946,12 +946,11 @@ def prefix_blocks_data(learner: Learner, **_) -> dict:
                 and all(type(b) is int for b in got[0]) and type(got[1]) is int):
             _fail("allocate must return (block_ids, num_cached_tokens).", call=call, got=describe_value(got),
                   expected="a tuple (list of ints, int)")
-        blocks, cached = list(got[0]), got[1]
-        if len(blocks) != -(-len(prompt) // PC_BLOCK_SIZE) or not 0 <= cached < len(prompt) \
-                or any(not 0 <= b < PC_BLOCKS for b in blocks):
+        blocks, cached, need = list(got[0]), got[1], -(-len(prompt) // PC_BLOCK_SIZE)   # ceil
+        if len(blocks) != need or not 0 <= cached < len(prompt) or any(not 0 <= b < PC_BLOCKS for b in blocks):
             _fail("A request holds ceil(len(tokens) / block_size) blocks of the pool, and fewer cached tokens than "
                   "its prompt.", call=call, got=f"{len(blocks)} blocks {blocks}, {cached} tokens cached",
-                  expected=f"{-(-len(prompt) // PC_BLOCK_SIZE)} ids in range({PC_BLOCKS}), under {len(prompt)} cached")
+                  expected=f"{need} ids in range({PC_BLOCKS}), under {len(prompt)} cached")
         requests.append({"id": rid, "parts": [f"{name}[:{n}]" for name, n in parts], "tokens": len(prompt),
                          "blocks": blocks, "cached": cached})
     return {"num_blocks": PC_BLOCKS, "block_size": PC_BLOCK_SIZE, "requests": requests}
@@ -1059,6 +1058,8 @@ def draw_tree(data: dict):
     figure.suptitle("spec-decode, from your code: each node sees the prefix, its ancestors and itself (dark), "
                     "at position prefix + depth; a chain's mask is the causal one")
     return figure
+
+
 # --- ring-attention: ring ---------------------------------------------------------------------
 
 RING_WORLD, RING_T, RING_D = 4, 8, 6   # 4 ranks of 8 tokens; head_dim 6 is neither 8 nor 4
