@@ -25,7 +25,8 @@ from graders.engine import manifest
 from graders.engine.bundle import NO_REFERENCE, bundle_info
 from graders.engine.manifest import ROOT, Kata, ManifestError
 from graders.engine.report import bar, render, replay
-from graders.engine.runner import DEVICES, RunnerError, grade, new_seed, resolve_device, zygote_for
+from graders.engine.runner import (DEVICES, RunnerError, grade, needs_installing, new_seed, resolve_device,
+                                   zygote_for)
 from graders.practice import hints, repro
 from graders.practice.history import Suggestion, progress, suggestions
 from graders.practice.interview import Interview, render_scorecard
@@ -265,6 +266,8 @@ def start(kata_name, workspace):
     else:
         shutil.copyfile(kata.stub_path, target)
         click.echo(f"Created {target}")
+    if (missing := needs_installing(kata)) is not None:
+        click.secho(missing, fg="yellow")
     click.echo()
     click.echo(kata.readme_path.read_text(encoding="utf-8"))
     click.secho(f"Next: edit {target.name}, then run `kata check {kata.slug}`.", bold=True)
@@ -282,7 +285,10 @@ def _started(ws: Workspace, kata_name: str | None) -> list[tuple[Kata, Path]]:
     if not jobs:
         raise click.UsageError(f"No kata started in {ws.root}. `kata list` shows them; "
                                "`kata start softmax` begins the first.")
-    return jobs
+    for kata, _ in jobs:   # a kata whose framework is missing here is named, and the others checked
+        if (missing := needs_installing(kata)) is not None:
+            click.secho(f"skipped: {missing}", fg="yellow", err=True)
+    return [(kata, path) for kata, path in jobs if needs_installing(kata) is None] or jobs
 
 
 def _session_seed(seed: int | None) -> int:
@@ -1123,7 +1129,7 @@ def lint(kata_name, seed, deep, mutants, seeds, sample):
 
 @main.command("new")
 @click.argument("slug")
-@click.option("--framework", type=click.Choice(["torch", "numpy"]), default="torch", show_default=True,
+@click.option("--framework", type=click.Choice(["torch", "numpy", "triton"]), default="torch", show_default=True,
               help="What the learner writes with.")
 @click.option("--katas-dir", "into", type=click.Path(file_okay=False, path_type=Path),
               help="Write a course's own kata, every file in KATAS_DIR/SLUG/, outside the kit.")

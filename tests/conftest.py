@@ -19,6 +19,9 @@ KATA = Path(sys.executable).with_name("kata")   # the installed console script
 # The kit's own katas only: a course's folder of katas in the caller's environment is no part of the
 # kit's tests (tests/test_course_kata.py gives its own with --katas-dir).
 os.environ.pop("KATA_KATAS_DIR", None)
+# The Triton katas' kernels run on Triton's interpreter in the tests' own process too (their
+# references are imported here); set before anything imports Triton (see manifest.interpret_triton).
+os.environ["TRITON_INTERPRET"] = "1"
 # Grading a class, and the containment tests, need bubblewrap: .ci/run installs it.
 needs_bwrap = pytest.mark.skipif(bwrap.problem() is not None,
                                  reason=f"{bwrap.problem()}: grading runs only in its sandbox")

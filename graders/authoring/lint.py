@@ -369,7 +369,7 @@ def kata_row(kata: Kata) -> str:
     return f"| {kata.order} | `{kata.slug}` | {FRAMEWORK_NAMES[kata.framework]} | {kata.summary or kata.title} |"
 
 
-FRAMEWORK_NAMES = {"numpy": "NumPy", "torch": "PyTorch", "python": "Python"}
+FRAMEWORK_NAMES = {"numpy": "NumPy", "torch": "PyTorch", "python": "Python", "triton": "Triton"}
 
 
 def check_leaks(kata: Kata) -> tuple[bool, str]:

@@ -24,6 +24,8 @@ KINDS = {
     "torch": {"imports": "import torch", "type": "torch.Tensor",
               "draw": "torch.from_numpy(rng.standard_normal(shape))"},
     "numpy": {"imports": "import numpy as np", "type": "np.ndarray", "draw": "rng.standard_normal(shape)"},
+    "triton": {"imports": "import torch\nimport triton\nimport triton.language as tl", "type": "torch.Tensor",
+               "draw": "torch.from_numpy(rng.standard_normal(shape))"},
 }
 
 MANIFEST = '''format = 1
@@ -156,6 +158,26 @@ def example(x: $type) -> $type:
     return 2 * x   # $TODO the reference: short, flat, a comment that says why
 '''
 
+# A Triton kata's reference computes in a kernel: its launcher only allocates and launches.
+TRITON_REFERENCE = '''"""Reference of the $slug kata. $TODO where the idea comes from, with its source."""
+$imports
+
+
+@triton.jit
+def _example_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)   # this program's block of elements
+    mask = offs < n   # the last block runs past the end
+    tl.store(out_ptr + offs, 2 * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def example(x: $type) -> $type:
+    """$doc"""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _example_kernel[(triton.cdiv(x.numel(), 128),)](x, out, x.numel(), BLOCK=128)
+    return out
+'''
+
 BUGS = '''"""Known $slug bugs, each a complete reference with exactly that mistake."""
 
 
@@ -284,7 +306,7 @@ def plan(slug: str, framework: str, into: Path | None = None) -> dict[Path, str]
     # Follow-up questions are for the kit's interviews: a course's own kata goes without.
     manifest = MANIFEST.split("\n[[followups]]")[0] + "\n" if into else MANIFEST
     files = {kata.files["manifest"]: manifest, kata.files["readme"]: README, kata.files["stub"]: STUB,
-             kata.files["reference"]: REFERENCE, kata.files["bugs"]: BUGS, kata.files["grader"]: GRADER,
+             kata.files["reference"]: TRITON_REFERENCE if framework == "triton" else REFERENCE, kata.files["bugs"]: BUGS, kata.files["grader"]: GRADER,
              kata.files["hidden"]: FOLDER_HIDDEN if into else HIDDEN}
     if into is None:   # the kit's own katas are tested and linted with a style zoo
         files.update({kata.files["tests"]: TESTS, kata.files["zoo"] / "idiom_one__example-bug.py": ZOO_BUG})

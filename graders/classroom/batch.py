@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from ..engine.manifest import ROOT, Kata
+from ..engine.manifest import ROOT, TORCH_FRAMEWORKS, Kata
 from ..engine.plugin import check_entry, check_names, cuda_checks, grader_files
 from ..engine.report import graded_cells
 from ..engine.untrusted import MAX_SUBMISSION_BYTES, TooLarge, read_capped, too_large
@@ -445,7 +445,7 @@ def _grade_in_process(slug: str, file: str, seeds: tuple[int, int], device: str,
 
     kata = manifest.find(slug)
     if kata.framework not in _zygotes:
-        cuda = kata.framework == "torch" and graded_on(kata, device) == "cuda"
+        cuda = kata.framework in TORCH_FRAMEWORKS and graded_on(kata, device) == "cuda"
         _zygotes[kata.framework] = Zygote([kata.framework], isolated=sandbox == "bwrap",
                                           container=sandbox == "container", cuda=cuda, warm=True)
     grade_file = grade_notebook if file.endswith(".ipynb") else grade

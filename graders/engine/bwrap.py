@@ -37,7 +37,7 @@ WORKER = "/kata/worker.py"   # where the worker's own source is bound, alone
 ZYGOTE_TMP_BYTES = 1 << 20   # the zygote writes nothing; each worker mounts its own /tmp
 # CAP_NET_ADMIN: to bring up the loopback of a rank group's own network (worker._fork_isolated).
 ROOT_CAPS = ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_NET_ADMIN")
-FRAMEWORKS = ("numpy", "torch")   # what the katas' learner code may import
+FRAMEWORKS = ("numpy", "torch", "triton")   # what the katas' learner code may import (triton where installed)
 
 
 class Unavailable(Exception):

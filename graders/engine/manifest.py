@@ -53,7 +53,9 @@ from . import questions
 FORMAT = 1
 ROOT = Path(__file__).resolve().parents[2]   # the folder that holds katas/, graders/, reference/
 KATAS_DIR = ROOT / "katas"
-FRAMEWORKS = ("numpy", "torch", "python")
+FRAMEWORKS = ("numpy", "torch", "python", "triton")
+# The frameworks whose learner code runs on torch tensors: a Triton kata's launchers are torch code.
+TORCH_FRAMEWORKS = ("torch", "triton")
 DIFFICULTIES = ("easy", "medium", "hard")
 # Machine epsilon of each dtype a tolerance may name (bfloat16 keeps 8 significant bits).
 EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
@@ -78,6 +80,7 @@ TRACKS = (
     Track("serving", "Serving: the decode roofline, paged and split KV caches, packed documents"),
     Track("architecture", "Architectures: latent attention, long context, linear attention, tensor parallelism"),
     Track("scale", "At scale: ring attention across ranks, speculative decoding, prefix caching, quantised KV caches"),
+    Track("kernels", "Kernels in Triton: a fused softmax, FlashAttention's forward, paged decoding"),
 )
 NO_TRACK = Track("", "Other katas")   # where a kata that names no track is listed: a course's own, as a rule
 
@@ -195,8 +198,12 @@ class Kata:
 
     def load(self, role: str):
         """The module of one of the kata's Python files, imported once a process: by its name in
-        the kit, from its file for a course's own kata (whose folder is no package)."""
+        the kit, from its file for a course's own kata (whose folder is no package). A Triton kata's
+        kernels run on Triton's interpreter here too, as in the sandbox: the values a grader
+        expects come from the same arithmetic on any machine."""
         name = self.module_of(role)
+        if self.framework == "triton":
+            interpret_triton()
         if not self.folder:
             return importlib.import_module(name)
         if name not in sys.modules:
@@ -438,6 +445,18 @@ MISTAKES = KATAS_DIR / "mistakes.toml"
 
 
 @cache
+def interpret_triton():
+    """Run Triton's kernels on its interpreter in this process. Set before Triton is imported:
+    triton.language's own functions (tl.max, tl.sum) are made for the interpreter or the compiler
+    as it loads."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton.language as tl
+
+    if type(tl.max).__name__ != "InterpretedFunction":
+        raise RuntimeError("Triton was imported before the kit set TRITON_INTERPRET=1: its kernels would be compiled "
+                           "for a GPU. Set TRITON_INTERPRET=1 in the environment of this process.")
+
+
 def mistakes(path: Path = MISTAKES) -> dict[str, Mistake]:
     """The mistakes several katas share, by code: ``[<code>]`` tables of ``occurs`` (the feature
     of a kata that lets it happen), ``explain`` and ``fix``."""

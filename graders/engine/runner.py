@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 import os
 import secrets
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 from . import bundle, tape
-from .manifest import ROOT, Kata
+from .manifest import ROOT, TORCH_FRAMEWORKS, Kata
 from .oracles import code_of
 from .recording import Book, Store
 from .sandbox import Sandbox, SandboxUnusable, Zygote
@@ -71,7 +72,7 @@ def resolve_device(kata: Kata, device: str) -> str:
         raise RunnerError(f"--device must be one of {', '.join(DEVICES)}, not {device!r}.")
     if device == "cpu":
         return "cpu"
-    if kata.framework != "torch" and device == "auto" and not Path("/dev/nvidiactl").exists():
+    if kata.framework not in TORCH_FRAMEWORKS and device == "auto" and not Path("/dev/nvidiactl").exists():
         return "cpu"   # spares NumPy katas an `import torch` where there is no GPU to find
     import torch
 
@@ -82,8 +83,22 @@ def resolve_device(kata: Kata, device: str) -> str:
     return "cpu"
 
 
+# What a kata's framework needs beyond the kit's own requirements, and how to install it.
+TRITON_INSTALL = "pip install 'attention-katas[triton]'   # or: pip install triton"
+
+
+def needs_installing(kata: Kata) -> str | None:
+    """Why ``kata`` cannot be graded here (a Triton kata where Triton is not installed), as a
+    sentence that says how to install it; None when it can."""
+    if kata.framework == "triton" and importlib.util.find_spec("triton") is None:
+        return (f"{kata.slug} is a Triton kata, and Triton is not installed here. Install it with "
+                f"`{TRITON_INSTALL}` (Linux; its interpreter runs the kernels on the CPU). Every other kata works "
+                "without it.")
+    return None
+
+
 def _may_use_cuda(kata: Kata, device: str) -> bool:
-    return kata.framework == "torch" and device != "cpu" and Path("/dev/nvidiactl").exists()
+    return kata.framework in TORCH_FRAMEWORKS and device != "cpu" and Path("/dev/nvidiactl").exists()
 
 
 def zygote_for(katas: list[Kata], device: str, *, warm: bool = False) -> Zygote:
@@ -117,7 +132,7 @@ def sandbox_for(kata: Kata, file: Path, *, device: str, zygote: Zygote | None = 
                           timeout_s=kata.timeout_s, import_timeout_s=kata.import_timeout_s,
                           memory_mb=kata.memory_mb, data_limit=not may_use_cuda,
                           # CUDA's driver starts threads of its own
-                          spawn=kata.framework != "torch" or may_use_cuda).start()
+                          spawn=kata.framework not in TORCH_FRAMEWORKS or may_use_cuda).start()
         try:
             yield sandbox
         finally:
@@ -200,6 +215,8 @@ def _grade(kata: Kata, file: Path | None, seeds: list[tuple[int, int | None]], *
     of ``seeds`` in one pytest session. ``sandbox`` makes each grading's sandbox (a context
     manager), ``sandbox_for``'s by default; ``plugins`` join the session beside the grading plugin."""
     files = files or [file] * len(seeds)
+    if (missing := needs_installing(kata)) is not None:
+        raise RunnerError(missing)
 
     def own(graded: Path):
         return sandbox or (lambda: sandbox_for(kata, graded, device=device, zygote=zygote))

@@ -75,6 +75,35 @@ FRAMEWORK_MODULES = {
               "torch.fft", "torch.special"),
     "numpy": ("numpy",),
     "python": (),
+    "triton": ("torch", "triton", "triton.language"),
+}
+
+# A Triton kata's file is kernels and their launchers, and the kernels compute everything: a
+# launcher may allocate, read shapes and strides, take views and launch, nothing else (so torch's
+# names are an allow-list, and so are the attributes its code reads), and a kernel is Triton's
+# language (no torch, no interpreter's handle or NumPy data). Triton's interpreter copies its own
+# module's names into the file's namespace at the first launch, so a name the file never binds
+# is refused too.
+TRITON_NAMES = {
+    "triton": ("jit", "cdiv", "next_power_of_2", "heuristics", "language"),
+    "triton.language": None,
+    "torch": ("empty", "empty_like", "empty_strided", "zeros", "zeros_like", "full", "full_like", "ones", "ones_like",
+              "float16", "float32", "float64", "bfloat16", "float8_e4m3fn", "int8", "int16", "int32", "int64", "uint8",
+              "bool", "half", "float", "dtype", "device", "Tensor", "Size", "finfo", "iinfo", "is_tensor",
+              "no_grad", "inference_mode"),
+}
+TRITON_DENIED = {"handle", "data", "runtime", "interpreter", "interpreter_builder", "interpreter_semantic", "compiler",
+                 "backends", "knobs", "testing", "tools", "driver", "semantic", "fn", "rewrite", "rewritten_fn",
+                 "rewriter", "pre_run_hooks", "add_pre_run_hook", "cache", "src"}
+LAUNCHER_ATTRIBUTES = {
+    # a tensor's layout and views (no arithmetic), and allocations like it
+    "shape", "stride", "size", "numel", "dim", "ndim", "dtype", "device", "element_size", "itemsize", "is_contiguous",
+    "is_cuda", "data_ptr", "storage_offset", "view", "reshape", "unsqueeze", "squeeze", "transpose", "permute",
+    "expand", "flatten", "unflatten", "contiguous", "T", "mT", "to", "new_empty", "new_zeros", "new_full",
+    "is_floating_point",
+    # lists, dicts and strings
+    "append", "extend", "insert", "pop", "index", "count", "items", "keys", "values", "get", "setdefault", "update",
+    "join", "format", "startswith", "endswith", "split",
 }
 
 # Attribute names refused on whatever object they are read, however it was reached: a module is
@@ -151,10 +180,11 @@ def allowed_modules(framework: str, allow: tuple[str, ...] = ()) -> tuple[str, .
                                + tuple(name.rpartition(".")[0] for name in allow)))
 
 
-def _restricted(allow: tuple[str, ...]) -> dict[str, frozenset | None]:
-    """{module: the only names of it a file may use (None: any)}: the standard library's, and the
-    modules whose names ``allow`` lists."""
-    restricted = {module: None if names is None else frozenset(names) for module, names in COMMON_NAMES.items()}
+def _restricted(allow: tuple[str, ...], framework: str = "torch") -> dict[str, frozenset | None]:
+    """{module: the only names of it a file may use (None: any)}: the standard library's, a Triton
+    kata's torch and triton, and the modules whose names ``allow`` lists."""
+    names_of = COMMON_NAMES | (TRITON_NAMES if framework == "triton" else {})
+    restricted = {module: None if names is None else frozenset(names) for module, names in names_of.items()}
     for name in allow:
         module, _, leaf = name.rpartition(".")
         restricted[module] = frozenset(restricted.get(module) or ()) | {leaf}
@@ -242,7 +272,7 @@ def _scan(source: str, framework: str, allow: tuple[str, ...]) -> tuple[tuple[st
         tree = ast.parse(source)
     except SyntaxError:
         return (), ()   # such a file does not load: its checks fail without a recording
-    scan = _Scan(tree, allowed_modules(framework, allow), _restricted(allow))
+    scan = _Scan(tree, allowed_modules(framework, allow), _restricted(allow, framework), triton=framework == "triton")
     lines: dict[str, list[int]] = {}
     for what, line in sorted(set(scan.found), key=lambda item: (item[1], item[0])):
         lines.setdefault(what, []).append(line)
@@ -255,8 +285,11 @@ class _Scan(ast.NodeVisitor):
     is visited before its children, so a name marked as the base of an attribute (``torch`` in
     ``torch.exp``) or as a direct ``getattr`` is known when the walk reaches it."""
 
-    def __init__(self, tree, allowed: tuple[str, ...], restricted: dict[str, frozenset | None]):
+    def __init__(self, tree, allowed: tuple[str, ...], restricted: dict[str, frozenset | None], triton: bool = False):
         self.allowed, self.restricted, self.found = allowed, restricted, []
+        self.triton, self.kernel = triton, 0   # a Triton kata's file; the depth of @triton.jit functions we are in
+        self.stored = {node.attr for node in ast.walk(tree)   # attributes of the file's own objects (self.k)
+                       if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load)}
         self.aliases = _aliases(tree)
         # Names bound to a module (`import torch`, `from torch import nn`): never a value of their own.
         self.modules = {name for name, target in self.aliases.items()
@@ -275,7 +308,7 @@ class _Scan(ast.NodeVisitor):
     def attribute_ok(self, name: str, *, of_module: bool, read: bool = True) -> bool:
         """Whether attribute ``name`` may be read (or written) on an object, or on a module when
         ``of_module`` (where a private name is the library's, never the file's own)."""
-        if name in DENIED_ATTRIBUTES:
+        if name in DENIED_ATTRIBUTES or (self.triton and name in TRITON_DENIED):
             return False
         if _dunder(name):
             return read and name in ALLOWED_DUNDERS
@@ -341,6 +374,11 @@ class _Scan(ast.NodeVisitor):
         resolved, read = _resolve(chain, self.aliases), isinstance(node.ctx, ast.Load)
         if not self.judged(node.attr, resolved, node, read=read) or not (read or self.writable(chain)):
             self.refuse(resolved or _text(node), node)
+        elif self.triton and self.kernel and (resolved or "").split(".")[0] == "torch":
+            self.refuse(f"{resolved} inside a kernel", node)
+        elif self.triton and not self.kernel and resolved is None and node.attr not in LAUNCHER_ATTRIBUTES \
+                and node.attr not in self.stored:
+            self.refuse(f"{_text(node)} in a launcher, which may only allocate, read shapes and launch", node)
         elif node.attr == "__class__" and not self.named(node):
             self.refuse(f"{_text(node)} other than for its name", node)
         elif node.attr in ("format", "format_map") and not _plain_format(node.value):
@@ -382,12 +420,19 @@ class _Scan(ast.NodeVisitor):
         elif load and node.id not in self.names and hasattr(builtins, node.id) and not _dunder(node.id) \
                 and node.id not in ALLOWED_BUILTINS | REFLECTION_BUILTINS | {"type"}:
             self.refuse(f"{node.id}, a builtin this check does not list", node)
+        elif self.triton and load and node.id not in self.names and not hasattr(builtins, node.id):
+            self.refuse(f"{node.id}, a name the file does not define", node)
 
     def visit_FunctionDef(self, node):
         if _dunder(node.name) and node.name not in ALLOWED_DEFINITIONS:
             self.refuse(f"def {node.name}", node)
         self.annotations(node.returns)
+        kernel = self.triton and any(
+            (_resolve(_dotted(d.func if isinstance(d, ast.Call) else d), self.aliases) or "").startswith("triton.")
+            for d in node.decorator_list)
+        self.kernel += kernel
         self.generic_visit(node)
+        self.kernel -= kernel
 
     visit_AsyncFunctionDef = visit_FunctionDef
 

@@ -183,6 +183,8 @@ class Codec:
             t = torch.from_numpy(_load(blobs[value["tensor"]])).to(dtype).to(value["device"])
             if value.get("permute"):   # a view of a contiguous base, with the sender's strides
                 t = t.permute(value["permute"])
+            elif value.get("strides"):   # a slice of the span of storage sent
+                t = t.as_strided(value["shape"], value["strides"])
             return t.requires_grad_(value.get("requires_grad", False))
         raise ValueError(f"cannot decode {value!r}")
 
@@ -312,6 +314,125 @@ def _recorder():
     return Recorder
 
 
+# --- what Triton's interpreter ran ---------------------------------------------------------------
+
+class KernelTracer:
+    """Hooks on Triton's interpreter, set before the learner's file is imported, so that what a
+    kernel does is judged by what it ran: each launch appended to the recording as ``"kind":
+    "kernel"`` (the kernel's name, its grid, its tensor arguments, and per argument the loads, the
+    lanes read, the distinct elements read and the most reads of one element; per program the
+    loads of each argument and the largest block it made). Lanes outside every tensor argument are
+    counted, and neither read nor written: a missing mask reads the worker's own memory, which would
+    make the grade depend on what lay there. The interpreter's own torch calls (a launch copies its
+    arguments) stay out of the recording of torch functions. The learner's file cannot name these
+    hooks: the static check refuses the interpreter's names (structure.TRITON_DENIED)."""
+
+    def __init__(self):
+        import numpy as np
+        import torch
+        from triton.runtime import interpreter
+
+        self.np, self.ops, self.launch, self.program = np, None, None, None
+        builder, executor = interpreter.InterpreterBuilder, interpreter.GridExecutor
+        load, store, dot, grid_idx = (builder.create_masked_load, builder.create_masked_store, builder.create_dot,
+                                      builder.set_grid_idx)
+        init_args, call = executor._init_args_hst, executor.__call__
+        tracer = self
+
+        def masked_load(self, ptrs, mask, other, *rest, **kwargs):
+            return load(self, ptrs, tracer.access(ptrs, mask, "load"), other, *rest, **kwargs)
+
+        def masked_store(self, ptrs, value, mask, *rest, **kwargs):
+            return store(self, ptrs, value, tracer.access(ptrs, mask, "store"), *rest, **kwargs)
+
+        def traced_dot(self, a, b, d, *rest):
+            out = dot(self, a, b, d, *rest)
+            tracer.block(out.data.size)
+            return out
+
+        def set_grid_idx(self, x, y, z):
+            grid_idx(self, x, y, z)
+            tracer.start_program()
+
+        def init_args_hst(self, args_dev, kwargs):
+            args_hst, kwargs_hst = init_args(self, args_dev, kwargs)
+            tracer.start_launch(self.fn, self.arg_names, args_hst, kwargs_hst)
+            return args_hst, kwargs_hst
+
+        def traced_call(self, *args, **kwargs):
+            with torch._C.DisableTorchFunction():
+                try:
+                    return call(self, *args, **kwargs)
+                finally:
+                    tracer.end_launch()
+
+        builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
+        builder.create_dot, builder.set_grid_idx = traced_dot, set_grid_idx
+        executor._init_args_hst, executor.__call__ = init_args_hst, traced_call
+
+    def start_launch(self, fn, arg_names, args, kwargs):
+        values = dict(zip(arg_names, args)) | kwargs
+        tensors = [(name, v) for name, v in values.items() if hasattr(v, "untyped_storage")]
+        spans = []
+        for name, t in tensors:
+            start = t.untyped_storage().data_ptr()
+            spans.append((start, start + t.untyped_storage().nbytes(), name, t.element_size()))
+        self.launch = {"kind": "kernel", "name": getattr(fn, "__name__", "?"), "module": "triton", "grid": None,
+                       "args": {name: _summary(v) for name, v in values.items()},
+                       "spans": sorted(spans), "counts": {}, "programs": [], "outside": {"load": 0, "store": 0},
+                       "loads": {}, "stores": {}}
+
+    def start_program(self):
+        if self.launch is not None:
+            self.program = {"loads": {}, "largest": 0}
+            self.launch["programs"].append(self.program)
+
+    def block(self, size):
+        if self.program is not None:
+            self.program["largest"] = max(self.program["largest"], int(size))
+
+    def access(self, ptrs, mask, kind):
+        """``mask`` with the lanes outside every tensor argument turned off (and counted); the
+        lanes of each argument counted, for a load per element."""
+        np, launch = self.np, self.launch
+        if launch is None:
+            return mask
+        addresses = ptrs.data.astype(np.int64)
+        active = np.broadcast_to(mask.data, addresses.shape).astype(bool)
+        inside = np.zeros(addresses.shape, dtype=bool)
+        self.block(addresses.size)
+        for start, end, name, size in launch["spans"]:
+            lanes = active & (addresses >= start) & (addresses < end)
+            inside |= lanes
+            if not lanes.any():
+                continue
+            tally = launch["loads" if kind == "load" else "stores"]
+            calls, count = tally.get(name, (0, 0))
+            tally[name] = (calls + 1, count + int(lanes.sum()))
+            if kind == "load":
+                self.program["loads"][name] = self.program["loads"].get(name, 0) + 1
+                counts = launch["counts"].setdefault(name, np.zeros((end - start) // size, dtype=np.int64))
+                np.add.at(counts, (addresses[lanes] - start) // size, 1)
+        launch["outside"][kind] += int((active & ~inside).sum())
+        return type(mask)(active & inside, mask.dtype)   # a new mask: the kernel may use its own again
+
+    def end_launch(self):
+        launch, self.launch, self.program = self.launch, None, None
+        if launch is None or self.ops is None:
+            return
+        from triton.runtime import interpreter
+
+        launch["grid"] = list(interpreter.interpreter_builder.grid_dim)
+        counts = launch.pop("counts")
+        launch.pop("spans")
+        launch["reads"] = {name: {"loads": launch["loads"].get(name, (0, 0))[0], "lanes": launch["loads"][name][1],
+                                  "distinct": int((c > 0).sum()), "most": int(c.max())}
+                           for name, c in counts.items()}
+        launch["stores"] = {name: {"stores": calls, "lanes": lanes} for name, (calls, lanes) in launch["stores"].items()}
+        del launch["loads"]
+        self.ops.append(launch)
+
+
 # --- the server --------------------------------------------------------------------------------
 
 class MissingName(Exception):
@@ -329,11 +450,20 @@ class Worker:
         # zygote loads it for every torch kata).
         self.recorder = _recorder() if "torch" in sys.modules else None
         self.views = _module_views() if "torch" in sys.modules else None
+        self.tracer = None
+        if framework == "triton":
+            import triton
+
+            # The kernels run on Triton's interpreter (the environment is the trusted side's, which
+            # sets no TRITON_INTERPRET); a compiled copy is made only for a CUDA check (``compile``).
+            triton.knobs.runtime.interpret = True
+            triton.knobs.cache.dir = os.path.join(os.getcwd(), ".triton")
+            self.tracer = KernelTracer()
 
     def serve(self):
         import numpy  # noqa: F401  (the import is the warm-up)
 
-        if self.framework == "torch":
+        if self.framework in ("torch", "triton"):
             import torch
 
             torch.backends.cuda.matmul.allow_tf32 = False
@@ -394,8 +524,14 @@ class Worker:
                     if request.get("record") and "torch" in sys.modules:
                         if self.recorder is None:   # a NumPy kata's file that imported torch itself
                             self.recorder = _recorder()
-                        with self.recorder(ops, self.source_name):
-                            result = target(*args, **kwargs)
+                        if self.tracer is not None:
+                            self.tracer.ops = ops
+                        try:
+                            with self.recorder(ops, self.source_name):
+                                result = target(*args, **kwargs)
+                        finally:
+                            if self.tracer is not None:
+                                self.tracer.ops = None
                     else:
                         result = target(*args, **kwargs)
                 reply["value"] = None if request.get("discard") else self.codec.encode(result, out_blobs)
@@ -732,11 +868,19 @@ def zygote(frameworks, isolated=False, warm=False):
     _libc = ctypes.CDLL(None, use_errno=True)   # loaded here: a child that dropped privileges need not find it
     if isolated:   # a worker's first parent exits at once: the worker is then our child
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    if "torch" in frameworks:
+    if "torch" in frameworks or "triton" in frameworks:
         import torch
         import torch.nn.functional  # noqa: F401
 
         torch.set_num_threads(1)
+        if "triton" in frameworks:
+            # Before the import: triton.language makes its own functions for the interpreter then.
+            os.environ["TRITON_INTERPRET"] = "1"
+            try:
+                import triton.language  # noqa: F401
+                import triton.runtime.interpreter  # noqa: F401
+            except ImportError:   # not installed: the trusted side says so for each Triton kata
+                pass
         if warm:
             # The first operator on a meta tensor loads torch's meta kernels (over a second): done
             # once here rather than in every sandbox that builds a mask on device="meta". Only

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..engine import expect
-from ..engine.manifest import Kata
+from ..engine.manifest import TORCH_FRAMEWORKS, Kata
 from ..engine.plugin import check_names
 from ..engine.tape import Handle, Outcome, Step, Tape, Unknown, index, layout, leaves, load, needed
 
@@ -200,7 +200,7 @@ class Writer:
         self.names: dict[int, str] = {}   # a sandbox object's handle -> its variable
         self.taken: set[str] = set()
         self.params, self.inits = _parameters(kata.stub_path)
-        self.torch = kata.framework == "torch" or any(_uses_torch([s.args, s.kwargs, s.got]) for s in steps)
+        self.torch = kata.framework in TORCH_FRAMEWORKS or any(_uses_torch([s.args, s.kwargs, s.got]) for s in steps)
 
     def script(self, path: Path) -> tuple[str, dict, bool]:
         kata, info = self.kata, self.info
