@@ -448,13 +448,25 @@ MISTAKES = KATAS_DIR / "mistakes.toml"
 def interpret_triton():
     """Run Triton's kernels on its interpreter in this process. Set before Triton is imported:
     triton.language's own functions (tl.max, tl.sum) are made for the interpreter or the compiler
-    as it loads."""
+    as it loads.
+
+    The worker's hooks are set here too, so that a kernel's lanes outside its tensors read what
+    they read in the sandbox (``other``, not this process's memory): a bug oracle that forgets its
+    mask gives the learner's values, on any machine."""
+    global _TRACER
     os.environ["TRITON_INTERPRET"] = "1"
     import triton.language as tl
 
     if type(tl.max).__name__ != "InterpretedFunction":
         raise RuntimeError("Triton was imported before the kit set TRITON_INTERPRET=1: its kernels would be compiled "
                            "for a GPU. Set TRITON_INTERPRET=1 in the environment of this process.")
+    if _TRACER is None:
+        from .worker import KernelTracer
+
+        _TRACER = KernelTracer()
+
+
+_TRACER = None
 
 
 def mistakes(path: Path = MISTAKES) -> dict[str, Mistake]:

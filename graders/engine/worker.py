@@ -404,7 +404,7 @@ class KernelTracer:
         for start, end, name, size in launch["spans"]:
             lanes = active & (addresses >= start) & (addresses < end)
             inside |= lanes
-            if not lanes.any():
+            if self.ops is None or not lanes.any():   # tallied only for a recording
                 continue
             tally = launch["loads" if kind == "load" else "stores"]
             calls, count = tally.get(name, (0, 0))
