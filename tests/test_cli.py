@@ -248,8 +248,9 @@ def suggested(workspace, *passed, options=()) -> list[str]:
 def test_next_continues_the_track_the_learner_is_on(tmp_path):
     assert suggested(tmp_path / "a", "roofline")[:2] == ["1. paged-kv: continues the serving track",
                                                          "   kata start paged-kv"]
-    # Serving, architecture and scale passed: the nearest track not done, not the first kata of all.
-    after = suggested(tmp_path / "b", *(k.slug for k in katas() if k.track in ("serving", "architecture", "scale")))
+    # Serving to kernels passed: the nearest track not done, not the first kata of all.
+    after = suggested(tmp_path / "b", *(k.slug for k in katas()
+                                        if k.track in ("serving", "architecture", "scale", "kernels")))
     assert after[0] == "1. cross-attention: starts the beyond track: every track after it is done", after
     assert not any("softmax" in line for line in after)
     assert suggested(tmp_path / "c", "softmax", "roofline", "paged-kv", "flash-decoding", "doc-masking")[0] == \

@@ -110,3 +110,29 @@ def test_grade_release_and_an_nbgrader_course_work_from_the_install(install, tmp
     assert done.returncode == 0, done.stdout + done.stderr
     released = (course / "release" / "ps1" / "softmax.ipynb").read_text()
     assert "raise NotImplementedError" in released   # the kit's own config ran: the stub is released
+
+
+def test_without_triton_the_triton_katas_say_how_to_install_it_and_the_others_work(install, tmp_path):
+    """The same install in an environment that lacks Triton (an optional extra): every Triton kata
+    says how to install it, at `kata start` and at `kata check`, and every other kata works, in a
+    `kata check` of all the started ones too."""
+    _, packages, _ = install
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(sysconfig.get_paths(vars={"base": str(venv)})["purelib"])
+    for entry in packages.iterdir():
+        if not entry.name.startswith("triton"):
+            (site / entry.name).symlink_to(entry)
+    python = venv / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import triton"], capture_output=True).returncode == 1
+    ws = tmp_path / "ws"
+    started = kata(python, "start", "triton-softmax", "-w", ws, cwd=tmp_path)
+    assert started.returncode == 0 and "pip install 'attention-katas[triton]'" in started.stdout, started.stdout
+    assert kata(python, "start", "softmax", "-w", ws, cwd=tmp_path).returncode == 0
+    done = kata(python, "check", "triton-softmax", "-w", ws, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "triton-softmax is a Triton kata, and Triton is not installed here" in done.stderr
+    assert "Every other kata works without it." in done.stderr
+    done = kata(python, "check", "-w", ws, cwd=tmp_path)   # every started kata: softmax is graded
+    assert "skipped: triton-softmax is a Triton kata" in done.stderr, done.stderr
+    assert "NOT-STARTED" in done.stdout and "softmax" in done.stdout, done.stdout

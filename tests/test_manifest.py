@@ -207,7 +207,7 @@ def test_track_and_difficulty_are_checked(tmp_path):
     kata = parse(manifest(tmp_path, GOOD))
     assert kata.track in {t.name for t in TRACKS} and kata.difficulty in DIFFICULTIES
     with pytest.raises(ManifestError, match=r"track = 'sed': no track named 'sed'\. Did you mean 'seed'\? The tracks: "
-                                            r"seed, beyond, serving, architecture, scale\."):
+                                            r"seed, beyond, serving, architecture, scale, kernels\."):
         parse(manifest(tmp_path, re.sub(r'^track = ".*"$', 'track = "sed"', GOOD, flags=re.M)))
     with pytest.raises(ManifestError, match=r"difficulty = 'tricky' must be one of easy, medium, hard\."):
         parse(manifest(tmp_path, re.sub(r'^difficulty = ".*"$', 'difficulty = "tricky"', GOOD, flags=re.M)))
@@ -215,6 +215,6 @@ def test_track_and_difficulty_are_checked(tmp_path):
     bare = parse(manifest(tmp_path, re.sub(r'^(track|difficulty) = ".*"\n', "", GOOD, flags=re.M)))
     assert (bare.track, bare.difficulty) == ("", "")
     ok, said = check_track(bare)
-    assert not ok and said == "the manifest names no track (seed, beyond, serving, architecture, scale) and no " \
+    assert not ok and said == "the manifest names no track (seed, beyond, serving, architecture, scale, kernels) and no " \
                               "difficulty (easy, medium, hard)"
     assert check_track(kata) == (True, f"on the {kata.track} track, {kata.difficulty}")

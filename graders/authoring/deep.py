@@ -280,6 +280,25 @@ ZOO_SHARE = 3
 ENGINE = Path(__file__).resolve().parents[1] / "engine"
 
 
+def _engine_key(kata: Kata) -> str:
+    """The fingerprint of the kata's content and of the engine that grades it: a change of either
+    draws other subjects and seeds for the suite."""
+    engine = {f"engine/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(ENGINE.glob("*.py"))}
+    return fingerprint({**content(kata), **engine})
+
+
+CASES_SHARE = 3   # the seeds of SEEDS at which the suite runs the cases rule again (the first and two drawn)
+
+
+def cases_seeds(kata: Kata) -> list[int]:
+    """The seeds at which the suite proves the cases rule again: the first of SEEDS and two drawn
+    from the kata's and the engine's fingerprint. `kata lint --deep` proves it at all of SEEDS,
+    and its record holds only for the content it graded (record_problems)."""
+    key = _engine_key(kata)
+    drawn = sorted(SEEDS[1:], key=lambda seed: hashlib.sha256(f"{key} {seed}".encode()).hexdigest())
+    return [SEEDS[0], *drawn[:CASES_SHARE - 1]]
+
+
 def regraded(kata: Kata) -> list[Subject]:
     """The subjects of the record the suite grades again: the reference, the stub, the tampering
     probe and the first bug oracle of each diagnosis, each run, and one in ZOO_SHARE (at least one)
@@ -287,8 +306,7 @@ def regraded(kata: Kata) -> list[Subject]:
     share is drawn from the fingerprint of the kata and of the engine that grades it, so that a
     change of either draws another: every variant and every file of the zoo is graded at every seed
     by `kata lint --deep`, and again by the suite over a few changes."""
-    engine = {f"engine/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(ENGINE.glob("*.py"))}
-    key = fingerprint({**content(kata), **engine})
+    key = _engine_key(kata)
     draw = lambda s: hashlib.sha256(f"{key} {s.name}".encode()).hexdigest()
     every = subjects(kata)
     chosen = {s.name for s in every if s.rule in ("reference", "stub", "tampering")

@@ -138,6 +138,17 @@ class Learner:
         finally:
             sandbox.close()
 
+    @contextlib.contextmanager
+    def compiled(self):
+        """This learner's file in a second sandbox whose Triton kernels are compiled for the GPU
+        (see Sandbox.compiled): a Triton kata's @cuda checks call it with CUDA tensors. Nothing of
+        it is recorded: the structure checks judge the interpreted kernels."""
+        sandbox = self._sandbox.compiled().start()
+        try:
+            yield Learner(sandbox, device="cuda", seed=self.seed, trace=self._trace)
+        finally:
+            sandbox.close()
+
     def ranks(self, world: int) -> "Ranks":
         """This learner's file run as the ``world`` ranks of one torch.distributed group (see Ranks):
         the same group for the whole grading, closed with the learner's sandbox."""

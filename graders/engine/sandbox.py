@@ -42,6 +42,7 @@ from . import worker as wire
 from .untrusted import encodable
 
 WORKER = Path(wire.__file__)
+COMPILED = "triton-compiled"   # a Triton kata's framework where its kernels are compiled, not interpreted
 STARTUP_TIMEOUT_S = 120.0   # importing torch on a cold, busy machine
 MAX_TIMEOUTS = 2
 WALL_BACKSTOP = 5   # a request's wall-clock limit, in multiples of its CPU time limit (see Budget)
@@ -655,6 +656,19 @@ class Sandbox:
         other._unstarted()
         return other
 
+    def compiled(self) -> "Sandbox":
+        """A new sandbox (not started) of this file, with the same limits, under a zygote of its own
+        whose Triton compiles kernels for the GPU instead of interpreting them (Triton makes
+        triton.language's own functions for one or the other as it is imported): a Triton kata's
+        @cuda checks. Its zygote closes with it."""
+        other = copy.copy(self)
+        other.zygote = Zygote([COMPILED], isolated=self.zygote.isolated,
+                              container=self.zygote.containment == "container", cuda=True)
+        other.framework, other.spawn, other.data_limit = COMPILED, True, False   # ptxas runs; CUDA's reservations
+        other.owns_zygote = True   # (close)
+        other._unstarted()
+        return other
+
     def rank_group(self, world: int) -> "RankGroup":
         """This file's group of ``world`` ranks (see RankGroup): one per world size for the whole
         grading, since starting one costs more than a check's calls; closed with this sandbox."""
@@ -688,6 +702,8 @@ class Sandbox:
             self.proc = None
             if self.tmp is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)
+        if getattr(self, "owns_zygote", False):
+            self.zygote.close()
 
     def __enter__(self):
         return self

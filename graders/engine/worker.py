@@ -451,19 +451,20 @@ class Worker:
         self.recorder = _recorder() if "torch" in sys.modules else None
         self.views = _module_views() if "torch" in sys.modules else None
         self.tracer = None
-        if framework == "triton":
+        if framework in ("triton", "triton-compiled"):
             import triton
 
-            # The kernels run on Triton's interpreter (the environment is the trusted side's, which
-            # sets no TRITON_INTERPRET); a compiled copy is made only for a CUDA check (``compile``).
-            triton.knobs.runtime.interpret = True
+            # The environment is the trusted side's, which sets no TRITON_INTERPRET: the kernels of
+            # a Triton kata run on the interpreter but for a @cuda check's compiled copy (a zygote
+            # of its own), which writes its cache in the worker's own folder.
+            triton.knobs.runtime.interpret = framework == "triton"
             triton.knobs.cache.dir = os.path.join(os.getcwd(), ".triton")
-            self.tracer = KernelTracer()
+            self.tracer = KernelTracer() if framework == "triton" else None
 
     def serve(self):
         import numpy  # noqa: F401  (the import is the warm-up)
 
-        if self.framework in ("torch", "triton"):
+        if self.framework in ("torch", "triton", "triton-compiled"):
             import torch
 
             torch.backends.cuda.matmul.allow_tf32 = False
@@ -868,7 +869,7 @@ def zygote(frameworks, isolated=False, warm=False):
     _libc = ctypes.CDLL(None, use_errno=True)   # loaded here: a child that dropped privileges need not find it
     if isolated:   # a worker's first parent exits at once: the worker is then our child
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    if "torch" in frameworks or "triton" in frameworks:
+    if {"torch", "triton", "triton-compiled"} & set(frameworks):
         import torch
         import torch.nn.functional  # noqa: F401
 
@@ -881,6 +882,8 @@ def zygote(frameworks, isolated=False, warm=False):
                 import triton.runtime.interpreter  # noqa: F401
             except ImportError:   # not installed: the trusted side says so for each Triton kata
                 pass
+        if "triton-compiled" in frameworks:   # a @cuda check's: kernels compiled, never interpreted
+            import triton.language  # noqa: F401
         if warm:
             # The first operator on a meta tensor loads torch's meta kernels (over a second): done
             # once here rather than in every sandbox that builds a mask on device="meta". Only
