@@ -2,13 +2,19 @@
 way a kernel or a launcher could compute outside Triton's language, or reach the interpreter, as a
 small file refused with its line), the hooks on Triton's interpreter (what a launch records, and a
 lane outside every tensor read as ``other`` on any machine), and the codec that carries a strided
-slice into the sandbox. The katas' own tests grade their files end to end."""
+slice into the sandbox; and a launcher that computes, graded as triton-softmax under bubblewrap and
+in a grading container's containment. The katas' own tests grade their files end to end."""
 import importlib.util
+import os
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import needs_bwrap
+from graders.engine.manifest import find
+from graders.engine.runner import grade
+from graders.engine.sandbox import Zygote
 from graders.engine.structure import tampering
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
@@ -177,3 +183,48 @@ def test_a_slice_crosses_into_the_sandbox_with_its_strides_and_gaps():
     # A permuted view still crosses as a permutation.
     assert "permute" in learner._encode(base.t(), [])
     assert np.isfinite(got.numpy()).all()
+
+
+# A launcher that computes the answer and a kernel that only copies it (the issue's acceptance), two
+# ways: with torch's softmax, which the static check refuses, and with operators alone, which it
+# cannot see and the recording of the launcher's torch calls does.
+COPY = '''import math
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _copy(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def softmax(x):
+    y = {answer}
+    out = torch.empty_like(y)
+    _copy[(1,)](y, out, y.numel(), BLOCK=triton.next_power_of_2(y.numel()))
+    return out
+'''
+CHEATS = {"torch.softmax": ("torch.softmax(x.float(), dim=-1).to(x.dtype)", "tampering"),
+          "operators": ("(math.e ** x) / ((math.e ** x) @ torch.ones(x.shape[1], x.shape[1], dtype=x.dtype))",
+                        "launcher-computes")}
+
+
+@pytest.mark.parametrize("containment", [pytest.param("bwrap", marks=needs_bwrap), "container"])
+@pytest.mark.parametrize("cheat", list(CHEATS))
+def test_a_launcher_that_computes_and_a_kernel_that_copies_fail_the_structure_check(cheat, containment, tmp_path):
+    if containment == "container" and os.geteuid() != 0:
+        pytest.skip("container containment runs the worker as another user: root only")
+    answer, code = CHEATS[cheat]
+    kata = find("triton-softmax")
+    path = tmp_path / kata.learner_file
+    path.write_text(COPY.format(answer=answer), encoding="utf-8")
+    with Zygote(["triton"], isolated=containment == "bwrap", container=containment == "container") as zygote:
+        assert zygote.containment == containment
+        result = grade(kata, path, seed=1, hidden_seed=1, device="cpu", zygote=zygote)
+    checks = {c["id"]: c for c in result["checks"]}
+    assert checks["one-program-per-row"]["status"] == "failed"
+    assert checks["one-program-per-row"]["diagnosis"] == code, checks["one-program-per-row"]
+    assert result["score"] < result["max_score"]

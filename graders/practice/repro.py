@@ -222,7 +222,11 @@ class Writer:
                    "every call returned what the reference returns: the check judged something else of it "
                    "(see its message in `kata check`)")
             head[-1:] = ["", f"It asserts nothing: {why}.", '"""']
-        lines = [*head, "import sys", "from pathlib import Path", "", "import numpy as np"]
+        triton = kata.framework == "triton"
+        lines = [*head, *(["import os"] if triton else []), "import sys", "from pathlib import Path", "",
+                 "import numpy as np"]
+        if triton:   # as the kit runs it: on Triton's interpreter, set before Triton loads
+            lines.append('os.environ.setdefault("TRITON_INTERPRET", "1")   # the kernels run on the CPU, as in `kata check`')
         if self.torch:
             lines.append("import torch")
         if ranks:
