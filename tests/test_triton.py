@@ -6,13 +6,15 @@ slice into the sandbox; and a launcher that computes, graded as triton-softmax u
 in a grading container's containment. The katas' own tests grade their files end to end."""
 import importlib.util
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from conftest import needs_bwrap
-from graders.engine.manifest import find
+from graders.engine.manifest import ROOT, find
 from graders.engine.runner import grade
 from graders.engine.sandbox import Zygote
 from graders.engine.structure import tampering
@@ -228,3 +230,13 @@ def test_a_launcher_that_computes_and_a_kernel_that_copies_fail_the_structure_ch
     assert checks["one-program-per-row"]["status"] == "failed"
     assert checks["one-program-per-row"]["diagnosis"] == code, checks["one-program-per-row"]
     assert result["score"] < result["max_score"]
+
+
+def test_the_gpu_benchmark_says_it_needs_a_gpu_here():
+    """benchmarks/triton_kernels.py compiles the references for a GPU: here it says there is none."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: benchmarks/triton_kernels.py runs for real (docs/measurements.md)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "benchmarks/triton_kernels.py"], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=120)
+    assert done.returncode == 2 and "no CUDA device" in done.stderr, done.stderr
