@@ -1,0 +1,7 @@
+"""What is specific to the triton-paged-decode kata: the facts its README teaches. TODO(kata new) test each claim of the README
+that code can check, with the installed libraries."""
+from reference.triton_paged_decode import example
+
+
+def test_example_doubles():
+    assert example(1.5) == 3.0
