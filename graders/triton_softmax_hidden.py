@@ -1,13 +1,12 @@
 """Hidden checks of the triton-softmax kata: fresh values at each grading, never in a student bundle."""
-import torch
-import triton
-import triton.language as tl
-
-from graders.triton_softmax import judge
+from graders.triton_softmax import judge, normal, strided
 
 
-def test_other_shapes(learner, bugs, kata, case_rng, rng):
-    """matches the reference on cases no public check shows"""
+def test_fresh_shapes(learner, bugs, kata, case_rng, rng):
+    """equals the reference on shapes no public check shows, packed and strided"""
     # case_rng draws the structure (the same at every seed); rng the values (fresh at each).
-    shape = tuple(int(n) for n in case_rng.integers(2, 7, size=3))
-    judge(learner, bugs, kata, torch.from_numpy(rng.standard_normal(shape)), "hidden inputs")
+    R = int(case_rng.integers(2, 7))
+    C = int(case_rng.choice([9, 17, 23, 47, 70]))
+    judge(learner, bugs, kata, normal(rng, (R, C)) * 3, f"hidden inputs: float32 ({R}, {C})")
+    stride = C + int(case_rng.integers(1, 6))
+    judge(learner, bugs, kata, strided(rng, R, C, stride), f"hidden inputs: float32 ({R}, {C}), row stride {stride}")

@@ -495,7 +495,34 @@ def _agrees_with_the_reference():
         **_spec_decode_answers(),
         **_prefix_cache_answers(),
         **_kv_quant_answers(),
+        **_triton_softmax_answers(),
     }
+
+
+def _triton_softmax_answers():
+    """triton-softmax: the unfused path's bytes counted on meta tensors, each of its five kernels
+    charged the tensors it reads and the one it writes; the padding lanes from the BLOCK the
+    reference's launcher picks (triton.next_power_of_2); the occupancy as the tutorial's launcher
+    computes it."""
+    import torch
+    import triton
+
+    def unfused_bytes(R, C):
+        x = torch.empty(R, C, device="meta")
+        x_max = x.amax(dim=1)
+        z = x - x_max[:, None]
+        numerator = torch.exp(z)
+        denominator = numerator.sum(dim=1)
+        out = numerator / denominator[:, None]
+        kernels = [((x,), x_max), ((x, x_max), z), ((z,), numerator), ((numerator,), denominator),
+                   ((numerator, denominator), out)]
+        return sum(t.nbytes for ins, written in kernels for t in (*ins, written))
+
+    return {("triton-softmax", "unfused-bytes"): lambda p: unfused_bytes(p["R"], p["C"]),
+            ("triton-softmax", "padding-lanes"): lambda p: p["R"] * (triton.next_power_of_2(p["C"]) - p["C"]),
+            # the tutorial's NUM_SM * occupancy, occupancy = NUM_REGS // (n_regs * WARP_SIZE * num_warps),
+            # on an H100 SXM: 132 SMs of 65,536 registers
+            ("triton-softmax", "resident-programs"): lambda p: 132 * (65536 // (p["n_regs"] * 32 * p["num_warps"]))}
 
 
 def _spec_decode_answers():

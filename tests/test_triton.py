@@ -184,12 +184,18 @@ def test_a_slice_crosses_into_the_sandbox_with_its_strides_and_gaps():
     assert torch.equal(got.as_strided((28,), (1,)), base.flatten()[:28])
     # A permuted view still crosses as a permutation.
     assert "permute" in learner._encode(base.t(), [])
+    # `kata repro`'s tape keeps the slice as the sandbox saw it.
+    from graders.engine import tape
+
+    arrays = {}
+    again = tape._decode(tape._encode(base[:, :4], arrays), arrays)
+    assert again.stride() == (6, 1) and torch.equal(again.as_strided((28,), (1,)), base.flatten()[:28])
     assert np.isfinite(got.numpy()).all()
 
 
 # A launcher that computes the answer and a kernel that only copies it (the issue's acceptance), two
-# ways: with torch's softmax, which the static check refuses, and with operators alone, which it
-# cannot see and the recording of the launcher's torch calls does.
+# ways: with torch's softmax, which the static check refuses too, and with operators alone, which
+# it cannot see. The recording of the launcher's torch calls names both first.
 COPY = '''import math
 
 import torch
@@ -198,18 +204,19 @@ import triton.language as tl
 
 
 @triton.jit
-def _copy(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+def _copy_row(y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * n + tl.arange(0, BLOCK)
+    mask = tl.arange(0, BLOCK) < n
+    tl.store(out_ptr + offs, tl.load(y_ptr + offs, mask=mask), mask=mask)
 
 
 def softmax(x):
     y = {answer}
     out = torch.empty_like(y)
-    _copy[(1,)](y, out, y.numel(), BLOCK=triton.next_power_of_2(y.numel()))
+    _copy_row[(y.shape[0],)](y, out, y.shape[1], BLOCK=triton.next_power_of_2(y.shape[1]))
     return out
 '''
-CHEATS = {"torch.softmax": ("torch.softmax(x.float(), dim=-1).to(x.dtype)", "tampering"),
+CHEATS = {"torch.softmax": ("torch.softmax(x.float(), dim=-1).to(x.dtype)", "launcher-computes"),
           "operators": ("(math.e ** x) / ((math.e ** x) @ torch.ones(x.shape[1], x.shape[1], dtype=x.dtype))",
                         "launcher-computes")}
 
@@ -229,6 +236,7 @@ def test_a_launcher_that_computes_and_a_kernel_that_copies_fail_the_structure_ch
     checks = {c["id"]: c for c in result["checks"]}
     assert checks["one-program-per-row"]["status"] == "failed"
     assert checks["one-program-per-row"]["diagnosis"] == code, checks["one-program-per-row"]
+    assert bool(scan(path.read_text())) == (cheat == "torch.softmax")
     assert result["score"] < result["max_score"]
 
 
@@ -240,3 +248,14 @@ def test_the_gpu_benchmark_says_it_needs_a_gpu_here():
     done = subprocess.run([sys.executable, "benchmarks/triton_kernels.py"], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=120)
     assert done.returncode == 2 and "no CUDA device" in done.stderr, done.stderr
+
+
+def test_kata_run_runs_a_triton_kata_on_the_interpreter(monkeypatch):
+    """`kata run` runs the README's example in a process of its own: its kernels on the interpreter
+    too, where the caller's environment does not say so."""
+    from graders.practice.run import run
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    kata = find("triton-softmax")
+    outcome = run(kata, kata.files["reference"])
+    assert outcome.returncode == 0, outcome

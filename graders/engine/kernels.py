@@ -34,9 +34,9 @@ def launcher_calls(ops: list[dict]) -> list[str]:
 
 
 def check_kernels_compute(learner, ops: list[dict], *, call: str, case: str, code: str):
-    """The recorded call launched at least one kernel, read no lane outside its tensors, and its
-    launcher computed nothing with torch (diagnosed ``code``); then the static check
-    (structure.check_untampered): the recording holds only for a file that passes it."""
+    """The recorded call launched at least one kernel and its launcher computed nothing with torch
+    (diagnosed ``code``); then the static check (structure.check_untampered): the recording holds
+    only for a file that passes it. Lanes outside the tensors (``outside``) are the kata's to judge."""
     kernels = launches(ops)
     expect.that(bool(kernels), "Your function launched no Triton kernel: this kata is graded on what its kernels compute.",
                 call=call, case=case, got="no launch", expected="a kernel launched with kernel[grid](...)",

@@ -22,7 +22,7 @@ import numpy as np
 
 from .failures import CheckFailed, LearnerRaised, NotStarted, SandboxFailed, sentence
 from .sandbox import LoadError, SandboxError, describe_error
-from .tape import Handle, Outcome, Step, layout
+from .tape import Handle, Outcome, Step, layout, spread
 
 PLAIN_TENSOR_TYPES = ("torch.Tensor", "torch.nn.parameter.Parameter")
 OUTPUT_SHOWN = 8192   # characters of a check's printed output kept in its report
@@ -416,23 +416,15 @@ class Learner:
 
         if isinstance(value, torch.Tensor):
             device = "meta" if value.device.type == "meta" else self.device
-            data, order, strides = None, layout(value), None
+            data, form = None, {"permute": layout(value)}
             if value.device.type != "meta":
-                # A permuted view (e.g. x.transpose(1, 2)) is sent as its contiguous base and the
-                # permutation, so the sandbox rebuilds a view with the same strides; a slice of a
-                # larger tensor (x[:, :n]) as the span of storage it covers, gaps and all, and its
-                # strides (a kernel that assumes the row length reads the gaps).
-                cpu = value.detach().cpu().permute(order)
-                if not cpu.is_contiguous() and value.numel():
-                    strides = list(value.stride())
-                    span = 1 + sum((n - 1) * s for n, s in zip(value.shape, strides))
-                    cpu = value.detach().cpu().as_strided((span,), (1,))
-                cpu = cpu.contiguous()
+                # The sandbox rebuilds a view with the same strides (tape.spread): a kernel that
+                # assumes the row length of a slice reads the gaps between its rows.
+                cpu, form = spread(value)
                 narrow = cpu.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)   # not in NumPy
                 data = _npy((cpu.float() if narrow else cpu).numpy(), blobs)
             return {"tensor": data, "dtype": str(value.dtype), "device": device, "shape": list(value.shape),
-                    "requires_grad": bool(value.requires_grad),
-                    **({"strides": strides} if strides else {"permute": [order.index(i) for i in range(value.dim())]})}
+                    "requires_grad": bool(value.requires_grad), **form}
         if isinstance(value, torch.dtype):
             return {"torch_dtype": str(value)}
         if isinstance(value, torch.device):

@@ -153,12 +153,11 @@ def _encode(value, arrays: dict):
         fields = {"dtype": str(value.dtype), "shape": list(value.shape), "requires_grad": value.requires_grad}
         if value.device.type == "meta":
             return {"tensor": None, **fields}
-        order = layout(value)   # a view keeps its strides: its contiguous base, and the permutation back
-        base = value.detach().cpu().permute(order).contiguous()
+        base, form = spread(value)   # a view keeps its strides
         name = f"a{len(arrays)}"
         narrow = base.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)   # float32 holds them exactly
         arrays[name] = (base.float() if narrow else base).numpy()
-        return {"tensor": name, **fields, "permute": [order.index(i) for i in range(value.dim())]}
+        return {"tensor": name, **fields, **form}
     if type(value).__module__ == "torch" and type(value).__name__ in ("dtype", "device"):
         return {f"torch_{type(value).__name__}": str(value)}
     return {"other": type(value).__name__}
@@ -187,13 +186,33 @@ def _decode(value, arrays: dict):
         dtype = getattr(torch, value["dtype"].removeprefix("torch."))
         if value["tensor"] is None:
             return torch.empty(value["shape"], dtype=dtype, device="meta")
-        t = torch.from_numpy(arrays[value["tensor"]]).to(dtype).permute(value["permute"])
+        t = viewed(torch.from_numpy(arrays[value["tensor"]]).to(dtype), value["shape"], value)
         return t.requires_grad_() if value["requires_grad"] else t
     if "torch_dtype" in value:
         return getattr(torch, value["torch_dtype"].removeprefix("torch."))
     if "torch_device" in value:
         return torch.device(value["torch_device"])
     return Unknown(value.get("other", "?"))
+
+
+def spread(t) -> tuple[object, dict]:
+    """How a tensor crosses to another process, its strides kept: (a contiguous CPU tensor, and how
+    to view it as ``t``: ``{"permute": order}`` for a permuted view such as x.transpose(1, 2), sent as
+    its contiguous base; ``{"strides": strides}`` for a slice of a larger tensor such as x[:, :n],
+    sent as the span of storage it covers, the gaps between its rows included)."""
+    order = layout(t)
+    base = t.detach().cpu().permute(order)
+    if base.is_contiguous() or not t.numel():
+        return base.contiguous(), {"permute": [order.index(i) for i in range(t.dim())]}
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.detach().cpu().as_strided((span,), (1,)).contiguous(), {"strides": list(t.stride())}
+
+
+def viewed(base, shape, form: dict):
+    """The view ``spread`` describes, of ``base`` (what it sent)."""
+    if form.get("strides"):
+        return base.as_strided(shape, form["strides"])
+    return base.permute(form["permute"]) if form.get("permute") else base
 
 
 def layout(t) -> list[int]:

@@ -316,6 +316,15 @@ def _recorder():
 
 # --- what Triton's interpreter ran ---------------------------------------------------------------
 
+def _launched(value):
+    """A kernel argument as a launch's record shows it: a tensor with its strides and offset too
+    (whether the launcher passed its input or a copy of it)."""
+    summary = _summary(value)
+    if isinstance(summary, dict):
+        summary.update(stride=list(value.stride()), offset=int(value.storage_offset()))
+    return summary
+
+
 class KernelTracer:
     """Hooks on Triton's interpreter, set before the learner's file is imported, so that what a
     kernel does is judged by what it ran: each launch appended to the recording as ``"kind":
@@ -378,7 +387,7 @@ class KernelTracer:
             start = t.untyped_storage().data_ptr()
             spans.append((start, start + t.untyped_storage().nbytes(), name, t.element_size()))
         self.launch = {"kind": "kernel", "name": getattr(fn, "__name__", "?"), "module": "triton", "grid": None,
-                       "args": {name: _summary(v) for name, v in values.items()},
+                       "args": {name: _launched(v) for name, v in values.items()},
                        "spans": sorted(spans), "counts": {}, "programs": [], "outside": {"load": 0, "store": 0},
                        "loads": {}, "stores": {}}
 

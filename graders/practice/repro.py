@@ -27,7 +27,7 @@ import numpy as np
 from ..engine import expect
 from ..engine.manifest import TORCH_FRAMEWORKS, Kata
 from ..engine.plugin import check_names
-from ..engine.tape import Handle, Outcome, Step, Tape, Unknown, index, layout, leaves, load, needed
+from ..engine.tape import Handle, Outcome, Step, Tape, Unknown, index, leaves, load, needed, spread
 
 
 class ReproError(Exception):
@@ -361,16 +361,16 @@ class Writer:
         dtype = str(t.dtype).removeprefix("torch.")
         if t.device.type == "meta":
             return f"torch.empty({list(t.shape)}, dtype=torch.{dtype}, device='meta')"
-        order = layout(t)
-        base = t.detach().permute(order).contiguous()
+        base, form = spread(t)
         narrow = base.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)   # not in NumPy
         data = (base.float() if narrow else base).numpy()   # float32 holds each of their values exactly
         code = f'torch.from_numpy(DATA["{self._array(hint, data)}"])'
         if narrow:
             code += f".to(torch.{dtype})"
-        back = [order.index(i) for i in range(t.dim())]
-        if back != list(range(t.dim())):
-            code += f".permute{tuple(back)}   # a view with the check's strides"
+        if form.get("strides"):
+            code += f".as_strided({tuple(t.shape)}, {tuple(form['strides'])})   # a slice with the check's strides"
+        elif form["permute"] != list(range(t.dim())):
+            code += f".permute{tuple(form['permute'])}   # a view with the check's strides"
         if t.requires_grad:
             code += ".requires_grad_()"
         return code

@@ -114,6 +114,8 @@ def run(kata: Kata, file: Path, *, timeout: float | None = None, echo=lambda lin
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(where), os.environ.get("PYTHONPATH")])),
                "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1",
                "MASTER_PORT": str(free_port())}
+        if kata.framework == "triton":   # the kernels run on Triton's interpreter, as `kata check` runs them
+            env.setdefault("TRITON_INTERPRET", "1")
         # Its own session, so that a timeout stops the ranks it spawned as well.
         proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, encoding="utf-8", errors="replace", start_new_session=True)
