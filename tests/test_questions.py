@@ -496,6 +496,7 @@ def _agrees_with_the_reference():
         **_prefix_cache_answers(),
         **_kv_quant_answers(),
         **_triton_softmax_answers(),
+        **_triton_flash_answers(),
     }
 
 
@@ -798,6 +799,24 @@ def _kv_quant_answers():
             ("kv-quant", "cache-ratio"): lambda p: ratio(p["Hkv"], p["hd"], p["G"]),
             ("kv-quant", "tokens-that-fit"): lambda p: p["M"] * 2**30 // (
                 p["L"] * stored(p["B"], p["Hkv"], p["hd"], 1)[0])}
+
+
+def _triton_flash_answers():
+    """triton-flash: the programs of the grid, the key blocks a causal program loads and the bytes
+    of q, k and v loaded, from the grader's expected launch (tests/test_kata_triton_flash.py checks
+    it against the reference's recorded loads)."""
+    from reference.triton_flash_expected import grid, key_blocks
+
+    def launched(B, H, T, BM):
+        x, y, z = grid(B, H, T, BM)
+        return x * y * z
+
+    return {("triton-flash", "grid-programs"): lambda p: launched(p["B"], p["H"], p["T"], p["BM"]),
+            ("triton-flash", "waves"): lambda p: -(-launched(p["B"], p["H"], p["T"], 128) // p["S"]),
+            ("triton-flash", "causal-key-blocks"): lambda p: key_blocks(p["T"], p["BM"], p["BN"], True)[p["m"]],
+            # q once, k and v once per query block: 2 bytes an element in float16
+            ("triton-flash", "kv-bytes-read"): lambda p: 2 * p["B"] * p["H"] * p["T"] * p["D"] * (
+                1 + 2 * grid(p["B"], p["H"], p["T"], p["BM"])[0])}
 
 
 def _flash_decoding_answers():

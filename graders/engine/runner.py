@@ -231,9 +231,11 @@ def _grade(kata: Kata, file: Path | None, seeds: list[tuple[int, int | None]], *
                     for i, ((seed, _), graded) in enumerate(zip(seeds, files))]
     else:
         info = None
-        gradings = [Grading(seed, new_seed() if hidden_seed is None else hidden_seed, Book(record=record),
-                            own(graded), (repro or {}).get(i)) for i, ((seed, hidden_seed), graded) in
-                    enumerate(zip(seeds, files))]
+        # A Triton kata's oracles run on the interpreter: their values are kept for the process.
+        memo = str(kata.dir) if kata.framework == "triton" else None
+        gradings = [Grading(seed, new_seed() if hidden_seed is None else hidden_seed,
+                            Book(record=record, memo=memo), own(graded), (repro or {}).get(i))
+                    for i, ((seed, hidden_seed), graded) in enumerate(zip(seeds, files))]
     try:
         gradings[0].start()
         resolved = resolve_device(kata, device)
