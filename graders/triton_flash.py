@@ -1,6 +1,7 @@
 """Grader of the triton-flash kata (katas/triton-flash/README.md)."""
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -203,3 +204,20 @@ def test_kernels_compute(learner, bugs, kata, rng, device):
     got, ops = recorded_call(learner, q, k, v, True, bm, bn)
     kernels.check_kernels_compute(learner, ops, call=call, case=case, code="launcher-computes")
     judge_out(got, bugs, kata, q, k, v, True, bm, bn, call=call, case=case, device=device)
+
+
+@pytest.mark.cuda
+def test_compiled_on_cuda(learner, bugs, kata, rng):
+    """CUDA only: the kernel Triton compiles, causal, float16, gives SDPA's output within float16's rounding"""
+    # float16, the GPU's path: compiled, tl.dot on float32 blocks would round its inputs to tf32.
+    B, H, T, D = 2, 4, 200, 64   # 13 query blocks of 16, the last ragged
+    q, k, v = inputs(rng, B, H, T, D, torch.float16)
+    with learner.compiled() as gpu:
+        got = gpu.flash_attention(q, k, v, causal=True)
+    call = call_text(True, 16, 16) + ", compiled"
+    expect.type_of(got, tuple, call=call)
+    expect.that(len(got) == 2, "flash_attention returns the pair (out, lse).", call=call, got=f"{len(got)} items",
+                expected="2")
+    tol = kata.tolerance(torch.float16, expect.magnitude(v))
+    expect.array(got[0], truth(q, k, v, True).cuda(), call=call, device="cuda",
+                 case=case_text(B, H, T, D, torch.float16) + ", on cuda", **tol, against="SDPA in float64")

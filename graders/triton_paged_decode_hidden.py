@@ -1,13 +1,9 @@
 """Hidden checks of the triton-paged-decode kata: fresh values at each grading, never in a student bundle."""
-import torch
-import triton
-import triton.language as tl
-
-from graders.triton_paged_decode import judge
+from graders.triton_paged_decode import judge, paged_case
 
 
-def test_other_shapes(learner, bugs, kata, case_rng, rng):
-    """matches the reference on cases no public check shows"""
+def test_fresh_shapes(learner, bugs, kata, case_rng, rng):
+    """groups of 3 query heads, head_dim 8, blocks of 8 slots, lengths no public check shows"""
     # case_rng draws the structure (the same at every seed); rng the values (fresh at each).
-    shape = tuple(int(n) for n in case_rng.integers(2, 7, size=3))
-    judge(learner, bugs, kata, torch.from_numpy(rng.standard_normal(shape)), "hidden inputs")
+    seq_lens = tuple(int(n) for n in case_rng.integers(2, 24, size=2))
+    judge(learner, bugs, kata, *paged_case(case_rng, rng, 2, 2, 3, 8, 8, seq_lens, 2, True))

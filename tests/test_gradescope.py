@@ -157,6 +157,7 @@ def test_zip_holds_the_scripts_a_wheel_of_the_kit_and_the_katas(zip_path):
     assert set(modes) == {"setup.sh", "run_autograder", "config.json", "class.json", wheel}
     assert modes["class.json"] == 0o600   # the class's secret: root's alone in the image
     assert config["katas"] == ["softmax", "causal-mask"]
+    assert "triton" not in config   # no Triton kata: setup.sh installs no Triton
     assert {"cli.py", "reference/softmax.py", "graders/softmax.py", "katas/softmax/kata.toml"} <= packed
 
 

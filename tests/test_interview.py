@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from conftest import KATA
 from graders.engine import manifest
+from graders.engine.plugin import cuda_checks
 from graders.practice.interview import CODING_POINTS, FOLLOWUP_POINTS, HINT_COST, plan
 
 REFERENCE = Path(__file__).resolve().parents[1] / "reference"
@@ -268,11 +269,12 @@ def test_the_newer_katas_run_to_a_scorecard(tmp_path):
 @pytest.mark.parametrize("slugs", [("kv-cache", "flash-tiling", "rope"), ("attention-backward", "sliding-window"),
                                    ("roofline", "paged-kv", "flash-decoding", "doc-masking"),
                                    ("mla", "rope-scaling", "linear-attention", "tp-attention"),
-                                   ("ring-attention", "spec-decode", "prefix-cache", "kv-quant")])
+                                   ("ring-attention", "spec-decode", "prefix-cache", "kv-quant"),
+                                   ("triton-softmax", "triton-flash", "triton-paged-decode")])
 def test_the_katas_beyond_the_material_run_to_a_scorecard(tmp_path, slugs):
     """`kata interview` draws the katas beyond the material (KV caches, tiling, RoPE, backward,
-    windows, the four of serving, the four of architecture, the four at scale): their coding tasks,
-    then their follow-ups, to a scorecard that counts each kata's points."""
+    windows, the four of serving, the four of architecture, the four at scale, the three kernels):
+    their coding tasks, then their follow-ups, to a scorecard that counts each kata's points."""
     chosen = [manifest.find(slug) for slug in slugs]
     p = plan(manifest.katas(), seed=4, chosen=chosen)
     assert {a.kata for a in p.questions} <= set(slugs) and p.questions
@@ -282,7 +284,8 @@ def test_the_katas_beyond_the_material_run_to_a_scorecard(tmp_path, slugs):
     assert result.exit_code == 0, result.output
     rows = {line.split()[0]: line.split()[1:] for line in result.output.splitlines()
             if "not-started" in line and "points" in line}
-    assert rows == {k.slug: ["not-started", f"0/{k.max_score:g}", "points"] for k in chosen}, result.output
+    on_cpu = {k.slug: k.max_score - sum(k.checks[c] for c in cuda_checks(k)) for k in chosen}   # no @cuda check here
+    assert rows == {k.slug: ["not-started", f"0/{on_cpu[k.slug]:g}", "points"] for k in chosen}, result.output
     card = history(tmp_path)[-1]
     assert [c["kata"] for c in card["coding"]] == list(slugs)
     assert card["status"] == "completed" and card["followups_right"] == len(p.questions)
@@ -323,6 +326,13 @@ REVIEW_FOLLOWUPS = {
     "prefix-cache": ["recompute-last-token", "free-order", "cache-salt", "cached-tokens", "prefill-saved"],
     "kv-quant": ["keys-per-channel", "decoded-token-key-scale", "accumulate-in-float32", "float8-cast-saturates",
                  "int8-max-error", "cache-ratio", "tokens-that-fit"],
+    # The kernel katas, on the second review's kernel-level reasoning (PK2, topic 8): every follow-up.
+    "triton-softmax": ["why-one-program-per-row", "power-of-two-block", "why-exp2", "unfused-bytes", "padding-lanes",
+                       "resident-programs"],
+    "triton-flash": ["why-exp2", "block-sizes", "causal-half-work", "accumulate-float32", "grid-programs", "waves",
+                     "causal-key-blocks", "kv-bytes-read"],
+    "triton-paged-decode": ["why-table-in-kernel", "why-group-per-program", "block-size-trade", "small-batch-occupancy",
+                            "why-exp2", "kv-bytes-per-query-head", "last-block-waste", "gather-extra-bytes"],
 }
 
 

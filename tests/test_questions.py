@@ -497,6 +497,7 @@ def _agrees_with_the_reference():
         **_kv_quant_answers(),
         **_triton_softmax_answers(),
         **_triton_flash_answers(),
+        **_triton_paged_decode_answers(),
     }
 
 
@@ -774,6 +775,28 @@ def _paged_kv_answers():
         ("paged-kv", "forked-samples-blocks"): lambda p: blocks_in_use(p["P"], p["b"], p["n"]),
         ("paged-kv", "prefix-cache-hits"): lambda p: prefix_hits(p["P"], p["b"]),
         ("paged-kv", "gather-copy-bytes"): lambda p: gather_copy_bytes(p["L"], p["Hkv"], p["hd"]),
+    }
+
+
+def _triton_paged_decode_answers():
+    """triton-paged-decode: bytes of float16 keys and values counted on meta tensors of the cache's
+    shape, and a sequence's blocks counted from its positions, as the kernel walks them."""
+    import torch
+
+    def kv_bytes(B, L):
+        """Bytes of the keys and values of B sequences of L tokens, 8 KV heads of 128 channels."""
+        return 2 * torch.empty(B, L, 8, 128, dtype=torch.float16, device="meta").nbytes
+
+    def waste(L, bs):
+        blocks = torch.unique(torch.arange(L) // bs).numel()   # the logical blocks positions 0 .. L-1 fall in
+        return blocks * bs - L
+
+    return {
+        # one program per query head: each KV head's keys and values read once per query head, G times
+        ("triton-paged-decode", "kv-bytes-per-query-head"): lambda p: p["G"] * kv_bytes(p["B"], p["L"]) / 2**20,
+        ("triton-paged-decode", "last-block-waste"): lambda p: waste(p["L"], p["bs"]),
+        # the gather reads the keys and values once and writes them once
+        ("triton-paged-decode", "gather-extra-bytes"): lambda p: 2 * kv_bytes(p["B"], p["L"]) / 2**20,
     }
 
 

@@ -65,6 +65,9 @@ torch="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["torch"]
 # installs from pip's configured index instead, e.g. behind a mirror.
 index="${KATA_TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}"
 "$venv/bin/python" -m pip install -q ${index:+--index-url "$index"} "torch==$torch"
+# A class with Triton katas: the Triton they were packed with (their kernels run on its interpreter).
+triton="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("triton") or "")' "$root/source/config.json")"
+if [ -n "$triton" ]; then "$venv/bin/python" -m pip install -q "triton==$triton"; fi
 "$venv/bin/python" -m pip install -q "$root"/source/*.whl
 # That user must not read the kit as installed (references, graders, compiled copies, metadata),
 # nor its wheel: root only. Python, torch and NumPy stay readable; the sandbox's zygote, started
@@ -259,6 +262,12 @@ def build(out: Path, katas: list[Kata], rules: ClassRules) -> dict:
     same inputs, and learners never see it (source/ is root-only while grading)."""
     config = {"katas": [k.slug for k in katas], "torch": torch_version(),
               "kit": metadata.version("attention-katas")}
+    if any(k.framework == "triton" for k in katas):
+        try:
+            config["triton"] = metadata.version("triton")
+        except metadata.PackageNotFoundError:
+            raise GradescopeError("The class has Triton katas and Triton is not installed here: "
+                                  "pip install 'attention-katas[triton]' first.") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         wheel = build_wheel(Path(tmp))
