@@ -145,7 +145,8 @@ def test_interpreter_data_is_tampering_and_a_missing_function_fails_everything(g
     assert checks["matches-sdpa"]["status"] == "passed"
     missing = grade_source("triton-flash", edit("def flash_attention(", "def attention(", REFERENCE), seed=2)
     assert missing["score"] == 0
-    assert all("flash_attention" in c["message"] for c in missing["checks"])
+    assert all("flash_attention" in c["message"] for c in missing["checks"]
+               if c["status"] != "skipped")   # the CUDA check, without a GPU
 
 
 def test_the_reference_loads_what_the_grid_and_key_block_counts_say():
@@ -154,15 +155,15 @@ def test_the_reference_loads_what_the_grid_and_key_block_counts_say():
     without a cache: q once, k and v once per query block (the kv-bytes-read follow-up)."""
     from graders.engine import manifest
 
-    manifest.interpret_triton()
+    tracer = manifest.interpret_triton()
     B, H, T, D, bm, bn = 1, 2, 40, 16, 16, 16
     q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
     for causal in (True, False):
-        manifest._TRACER.ops = ops = []
+        tracer.ops = ops = []
         try:
             flash_attention(q, k, v, causal=causal, BLOCK_M=bm, BLOCK_N=bn)
         finally:
-            manifest._TRACER.ops = None
+            tracer.ops = None
         (launch,) = ops
         assert launch["grid"] == grid(B, H, T, bm)
         loads = [launch["programs"][m * B * H]["loads"]["K"] for m in range(launch["grid"][0])]

@@ -141,11 +141,12 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens):
     return out
 '''
     checks = checks_by_id(grade_source("triton-paged-decode", source, seed=2))
-    failed = {i: c["diagnosis"] for i, c in checks.items() if c["status"] != "passed"}
+    failed = {i: c["diagnosis"] for i, c in checks.items() if c["status"] == "failed"}
     assert failed == {"reads-cache-in-place": "launcher-computes", "group-shares-kv-loads": "launcher-computes"}
 
 
 def test_a_missing_function_fails_every_check(grade_source):
     source = edit("def paged_decode(", "def paged_decode_v2(", REFERENCE)
     result = grade_source("triton-paged-decode", source, seed=2)
-    assert all(c["status"] != "passed" and "paged_decode" in c["message"] for c in result["checks"])
+    assert all(c["status"] != "passed" and "paged_decode" in c["message"]
+               for c in result["checks"] if c["status"] != "skipped")   # the CUDA check, without a GPU

@@ -104,12 +104,9 @@ def test_every_name_the_interpreter_injects_is_refused():
 @pytest.fixture(scope="module")
 def interpreted():
     """Triton on its interpreter in this process, with the worker's hooks (manifest.interpret_triton)."""
-    from graders.engine.manifest import _TRACER, interpret_triton
+    from graders.engine.manifest import interpret_triton
 
-    interpret_triton()
-    from graders.engine import manifest
-
-    return manifest._TRACER or _TRACER
+    return interpret_triton()
 
 
 def load(source: str, name: str = "kernel_file"):
@@ -167,11 +164,13 @@ def test_the_interpreters_own_torch_calls_stay_out_of_the_recording():
     assert [op["name"] for op in ops if op["kind"] == "function"] == ["empty_like", "numel", "numel"]
 
 
-def test_a_slice_crosses_into_the_sandbox_with_its_strides_and_gaps():
+def test_a_slice_crosses_into_a_triton_katas_sandbox_with_its_strides_and_gaps():
+    from types import SimpleNamespace
+
     from graders.engine.learner import Learner
 
     learner = Learner.__new__(Learner)
-    learner.device = "cpu"
+    learner.device, learner._sandbox = "cpu", SimpleNamespace(framework="triton")
     base = torch.arange(30, dtype=torch.float32).reshape(5, 6)
     blobs = []
     sent = learner._encode(base[:, :4], blobs)
@@ -191,6 +190,12 @@ def test_a_slice_crosses_into_the_sandbox_with_its_strides_and_gaps():
     again = tape._decode(tape._encode(base[:, :4], arrays), arrays)
     assert again.stride() == (6, 1) and torch.equal(again.as_strided((28,), (1,)), base.flatten()[:28])
     assert np.isfinite(got.numpy()).all()
+    # Any other kata's gets a contiguous copy of the slice's values, as before: a shard of a
+    # tensor sent to a rank must not carry all of the tensor it was cut from.
+    learner._sandbox.framework = "torch"
+    blobs = []
+    sent = learner._encode(base[:, :4], blobs)
+    assert "strides" not in sent and Codec().decode(sent, blobs).is_contiguous()
 
 
 # A launcher that computes the answer and a kernel that only copies it (the issue's acceptance), two

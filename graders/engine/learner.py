@@ -22,7 +22,7 @@ import numpy as np
 
 from .failures import CheckFailed, LearnerRaised, NotStarted, SandboxFailed, sentence
 from .sandbox import LoadError, SandboxError, describe_error
-from .tape import Handle, Outcome, Step, layout, spread
+from .tape import Handle, Outcome, Step, layout, spread, viewed
 
 PLAIN_TENSOR_TYPES = ("torch.Tensor", "torch.nn.parameter.Parameter")
 OUTPUT_SHOWN = 8192   # characters of a check's printed output kept in its report
@@ -343,7 +343,8 @@ class Learner:
                   "record": self._recording is not None, "echo": echo}
         if self.tape is None or self.tape.paused or target[0] in self._kit:
             return self._request(header, blobs, call_text(label, args, kwargs), label, echo=echo)
-        step = Step(self.rank, target[0], list(target[1]), snapshot(list(args)), snapshot(kwargs))
+        strided = self.framework == "triton"   # the tape keeps what the sandbox got (see _encode)
+        step = Step(self.rank, target[0], list(target[1]), snapshot(list(args), strided), snapshot(kwargs, strided))
         self.tape.steps.append(step)
         try:
             value = self._request(header, blobs, call_text(label, args, kwargs), label, echo=echo)
@@ -420,7 +421,7 @@ class Learner:
             if value.device.type != "meta":
                 # The sandbox rebuilds a view with the same strides (tape.spread): a kernel that
                 # assumes the row length of a slice reads the gaps between its rows.
-                cpu, form = spread(value)
+                cpu, form = spread(value, strided=self.framework == "triton")
                 narrow = cpu.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)   # not in NumPy
                 data = _npy((cpu.float() if narrow else cpu).numpy(), blobs)
             return {"tensor": data, "dtype": str(value.dtype), "device": device, "shape": list(value.shape),
@@ -746,17 +747,23 @@ def _arg_text(value) -> str:
     return describe_value(value)
 
 
-def snapshot(value):
+def snapshot(value, strided: bool = False):
     """A copy of ``value`` for a tape, as it is now (a grader may change its arrays after a call):
-    a sandbox object as the Handle it is known by."""
+    a sandbox object as the Handle it is known by; ``strided``: a slice as a slice of a copy of
+    its span, gaps and all, as a Triton kata's sandbox gets it (tape.spread)."""
     if isinstance(value, Remote):
         return Handle(value._handle, value.type_name)
     if isinstance(value, (list, tuple)):
-        return type(value)(snapshot(v) for v in value)
+        return type(value)(snapshot(v, strided) for v in value)
     if isinstance(value, dict):
-        return {k: snapshot(v) for k, v in value.items()}
+        return {k: snapshot(v, strided) for k, v in value.items()}
     if isinstance(value, np.ndarray):
         return value.copy()
     if type(value).__module__ == "torch" and type(value).__name__ in ("Tensor", "Parameter"):
-        return value.detach().clone().requires_grad_(value.requires_grad) if value.device.type != "meta" else value
+        if value.device.type == "meta":
+            return value
+        if strided:
+            base, form = spread(value)
+            return viewed(base, list(value.shape), form).requires_grad_(value.requires_grad)
+        return value.detach().clone().requires_grad_(value.requires_grad)
     return value

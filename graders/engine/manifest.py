@@ -452,21 +452,16 @@ def interpret_triton():
 
     The worker's hooks are set here too, so that a kernel's lanes outside its tensors read what
     they read in the sandbox (``other``, not this process's memory): a bug oracle that forgets its
-    mask gives the learner's values, on any machine."""
-    global _TRACER
+    mask gives the learner's values, on any machine. Returns them (worker.kernel_tracer)."""
     os.environ["TRITON_INTERPRET"] = "1"
     import triton.language as tl
 
     if type(tl.max).__name__ != "InterpretedFunction":
         raise RuntimeError("Triton was imported before the kit set TRITON_INTERPRET=1: its kernels would be compiled "
                            "for a GPU. Set TRITON_INTERPRET=1 in the environment of this process.")
-    if _TRACER is None:
-        from .worker import KernelTracer
+    from .worker import kernel_tracer
 
-        _TRACER = KernelTracer()
-
-
-_TRACER = None
+    return kernel_tracer()
 
 
 def mistakes(path: Path = MISTAKES) -> dict[str, Mistake]:

@@ -195,14 +195,16 @@ def _decode(value, arrays: dict):
     return Unknown(value.get("other", "?"))
 
 
-def spread(t) -> tuple[object, dict]:
+def spread(t, strided: bool = True) -> tuple[object, dict]:
     """How a tensor crosses to another process, its strides kept: (a contiguous CPU tensor, and how
     to view it as ``t``: ``{"permute": order}`` for a permuted view such as x.transpose(1, 2), sent as
     its contiguous base; ``{"strides": strides}`` for a slice of a larger tensor such as x[:, :n],
-    sent as the span of storage it covers, the gaps between its rows included)."""
+    sent as the span of storage it covers, the gaps between its rows included). Not ``strided``: a
+    slice is sent as a contiguous copy of its values (a Triton kata's kernels are the ones whose
+    strides a grader judges; the span of a shard can be all of the tensor it was cut from)."""
     order = layout(t)
     base = t.detach().cpu().permute(order)
-    if base.is_contiguous() or not t.numel():
+    if base.is_contiguous() or not t.numel() or not strided:
         return base.contiguous(), {"permute": [order.index(i) for i in range(t.dim())]}
     span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
     return t.detach().cpu().as_strided((span,), (1,)).contiguous(), {"strides": list(t.stride())}
