@@ -5,7 +5,7 @@ proven by `kata lint --deep` at every seed of deep.SEEDS and recorded beside the
 with its fingerprint. Here the record must match the kata's files and say every rule held, and
 the subjects it graded are graded again, at one of their recorded seeds, and must keep their rule
 and give exactly what the record says: the reference, the stub, the tampering probe and every bug
-oracle at every run, and a third of the style zoo, drawn anew at each change of the kata or of the
+oracle at every run, and a quarter of the style zoo, drawn anew at each change of the kata or of the
 engine (deep.regraded). test_cases.py proves at every seed that the checks' case structure
 does not depend on it: why one seed stands for twenty."""
 import dataclasses
@@ -93,6 +93,8 @@ def _run(script, kata, file) -> str | None:
         assert run.returncode == 0 or str(file) in run.stderr or "AssertionError" in run.stderr, run.stderr
         return None if run.returncode == 0 else run.stderr
     saved = list(sys.path)
+    # A bug oracle's file puts a package `reference` of its own in sys.modules: the kit's comes back.
+    kit = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "reference"}
     sys.modules.pop(kata.module, None)
     try:
         runpy.run_path(str(script), run_name="__main__")
@@ -103,6 +105,9 @@ def _run(script, kata, file) -> str | None:
     finally:
         sys.path[:] = saved
         sys.modules.pop(kata.module, None)
+        for name in [name for name in sys.modules if name.split(".")[0] == "reference"]:
+            del sys.modules[name]
+        sys.modules.update(kit)
     return None
 
 
