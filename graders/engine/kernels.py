@@ -20,7 +20,6 @@ LAUNCHER_FUNCTIONS = {
     "is_contiguous", "is_floating_point", "data_ptr", "storage_offset", "view", "reshape", "unsqueeze", "squeeze",
     "transpose", "permute", "expand", "flatten", "unflatten", "contiguous", "to", "__len__",
 }
-COPIES = {"contiguous", "to", "reshape", "flatten", "unflatten"}   # may copy: a kata that forbids copies asks
 
 
 def launches(ops: list[dict], name: str | None = None) -> list[dict]:

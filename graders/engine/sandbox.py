@@ -602,6 +602,7 @@ class Sandbox:
         # in _wait caps memory either way.
         self.data_limit = data_limit
         self.spawn = spawn   # False: the worker is killed if it starts a thread, as for a process (see seccomp.py)
+        self.owns_zygote = False   # a compiled copy's zygote is its own, closed with it (see ``compiled``)
         self._unstarted()
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -665,7 +666,7 @@ class Sandbox:
         other.zygote = Zygote([COMPILED], isolated=self.zygote.isolated,
                               container=self.zygote.containment == "container", cuda=True)
         other.framework, other.spawn, other.data_limit = COMPILED, True, False   # ptxas runs; CUDA's reservations
-        other.owns_zygote = True   # (close)
+        other.owns_zygote = True
         other._unstarted()
         return other
 
@@ -702,7 +703,7 @@ class Sandbox:
             self.proc = None
             if self.tmp is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)
-        if getattr(self, "owns_zygote", False):
+        if self.owns_zygote:
             self.zygote.close()
 
     def __enter__(self):
