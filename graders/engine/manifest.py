@@ -464,9 +464,11 @@ def interpret_triton():
     return kernel_tracer()
 
 
+@cache
 def mistakes(path: Path = MISTAKES) -> dict[str, Mistake]:
     """The mistakes several katas share, by code: ``[<code>]`` tables of ``occurs`` (the feature
-    of a kata that lets it happen), ``explain`` and ``fix``."""
+    of a kata that lets it happen), ``explain`` and ``fix``. Read once per process: every kata's
+    manifest names some of them."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:

@@ -35,6 +35,7 @@ import operator
 import random
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 FUNCTIONS = {"sqrt": math.sqrt, "exp": math.exp, "log": math.log, "log2": math.log2,
              "ceil": math.ceil, "floor": math.floor, "min": min, "max": max, "isqrt": math.isqrt}
@@ -56,10 +57,7 @@ class QuestionError(ValueError):
 def evaluate(expression: str, names: dict | None = None) -> float | int:
     """The value of an arithmetic expression over ``names`` and FUNCTIONS; nothing else runs."""
     names = names or {}
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError:
-        raise ValueError(f"{expression!r} is not an arithmetic expression") from None
+    tree = _tree(expression)
 
     def value(node):
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
@@ -84,6 +82,16 @@ def evaluate(expression: str, names: dict | None = None) -> float | int:
         return value(tree.body)
     except (ArithmeticError, TypeError) as exc:
         raise ValueError(f"{expression!r} cannot be computed: {exc}") from None
+
+
+@lru_cache(maxsize=1024)
+def _tree(expression: str) -> ast.Expression:
+    """The parsed ``expression``, once: a manifest's numeric questions are computed for every
+    combination of their parameters as it loads."""
+    try:
+        return ast.parse(expression.strip(), mode="eval")
+    except SyntaxError:
+        raise ValueError(f"{expression!r} is not an arithmetic expression") from None
 
 
 def parse_answer(text: str) -> float:
