@@ -181,6 +181,16 @@ def pytest_runtest_protocol(item, nextitem):
 
 # --- fixtures ------------------------------------------------------------------------------------
 
+class Kept(Zygote):
+    """A zygote of the session's: the gradings and commands that share it leave it running."""
+
+    def close(self):
+        pass
+
+    def shut(self):
+        super().close()
+
+
 @pytest.fixture(scope="session")
 def zygotes():
     """``zygotes(framework)``: the warm zygote that every test grading through the engine shares,
@@ -191,12 +201,32 @@ def zygotes():
 
     def get(framework):
         if framework not in made:
-            made[framework] = Zygote([framework], isolated=None, warm=True)
+            made[framework] = Kept([framework], isolated=None, warm=True)
         return made[framework]
 
     yield get
     for zygote in made.values():
-        zygote.close()
+        zygote.shut()
+
+
+@pytest.fixture
+def warm_commands(monkeypatch, zygotes):
+    """The `kata` commands a test runs in-process (click's CliRunner) fork their sandboxes from
+    the session's zygotes, as the engine's own tests do, rather than start one each: seconds of an
+    interpreter and an ``import torch`` per command, in modules whose subject is what the command
+    does with a grading. A zygote's own start is tested where a command runs as a process."""
+    import cli
+    from graders.engine import runner
+    cold = runner.zygote_for
+
+    def shared(katas, device, *, warm=False):
+        frameworks = {k.framework for k in katas}
+        if len(frameworks) > 1 or any(runner._may_use_cuda(k, device) for k in katas):
+            return cold(katas, device, warm=warm)
+        return zygotes(frameworks.pop())
+
+    for module in (runner, cli):
+        monkeypatch.setattr(module, "zygote_for", shared)
 
 
 @pytest.fixture

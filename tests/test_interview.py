@@ -19,6 +19,9 @@ from graders.engine import manifest
 from graders.engine.plugin import cuda_checks
 from graders.practice.interview import CODING_POINTS, FOLLOWUP_POINTS, HINT_COST, plan
 
+# In-process commands fork from the session's zygotes; Session runs `kata interview` as a process.
+pytestmark = pytest.mark.usefixtures("warm_commands")
+
 REFERENCE = Path(__file__).resolve().parents[1] / "reference"
 
 

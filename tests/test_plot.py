@@ -17,6 +17,9 @@ from graders.engine.sandbox import Sandbox
 from graders.practice import plots
 from graders.practice.notebook import SOLUTION_TAG
 
+# The commands run here fork from the session's zygotes; test_a_stub_writes_no_file runs `kata` as a process.
+pytestmark = pytest.mark.usefixtures("warm_commands")
+
 PLOTS = [(k.slug, kind) for k in katas() for kind in k.plots]
 SMALL_T = 256   # the complexity plot's largest T in these tests: seconds, not tens of seconds
 
@@ -44,23 +47,39 @@ def test_every_declared_plot_has_a_drawing():
     assert set(PLOTS) == set(plots.PLOTS)
 
 
-@pytest.mark.parametrize("slug,kind", PLOTS)
-def test_the_reference_draws_a_real_png(tmp_path, slug, kind):
-    import matplotlib.image   # here, not at collection: a third of a second
-    reference_in(tmp_path, slug)
-    out = tmp_path / f"{slug}-{kind}.png"
-    matplotlib.image.imsave(out, np.zeros((2, 2, 3)))   # an older plot: a PNG, so it is replaced
-    run = CliRunner().invoke(cli.main, ["plot", slug, "--kind", kind, "--device", "cpu", "--max-t", str(SMALL_T),
-                                        "-w", str(tmp_path)])
-    assert run.exit_code == 0, run.output
-    assert run.stdout.strip() == f"Wrote {out}"
+def real_png(out, image_of):
+    """``out`` is a real drawing: a PNG of a figure's size with more than a few colours."""
     assert out.read_bytes().startswith(plots.PNG_MAGIC)
-    image = matplotlib.image.imread(out)
+    image = image_of(out)
     height, width = image.shape[:2]
     assert 600 <= height <= 1200 and 1500 <= width <= 3000
     colours = np.unique((image[..., :3] * 255).round().reshape(-1, 3), axis=0)
     assert len(colours) > 50, "a blank or nearly blank image"
+
+
+def test_kata_plot_replaces_an_older_plot_with_a_real_png(tmp_path):
+    """The command's whole path, for one plot; every plot's drawing is the test below's."""
+    import matplotlib.image   # here, not at collection: a third of a second
+    slug, kind = "causal-mask", "heatmaps"
+    reference_in(tmp_path, slug)
+    out = tmp_path / f"{slug}-{kind}.png"
+    matplotlib.image.imsave(out, np.zeros((2, 2, 3)))   # an older plot: a PNG, so it is replaced
+    run = CliRunner().invoke(cli.main, ["plot", slug, "--kind", kind, "--device", "cpu", "-w", str(tmp_path)])
+    assert run.exit_code == 0, run.output
+    assert run.stdout.strip() == f"Wrote {out}"
+    real_png(out, matplotlib.image.imread)
     assert [p.name for p in tmp_path.glob("*.png")] == [out.name], "a temporary file was left behind"
+
+
+@pytest.mark.parametrize("slug,kind", PLOTS)
+def test_the_reference_draws_a_real_png(compute, tmp_path, slug, kind):
+    """What `kata plot` does (the test above) for every declared plot, from the session's zygote:
+    the command's own path is the same for every plot, and a cold sandbox for each would cost
+    seconds apiece."""
+    import matplotlib.image
+    out = tmp_path / f"{slug}-{kind}.png"
+    plots.save(plots.draw(compute(slug, kind, max_t=SMALL_T)), out)
+    real_png(out, matplotlib.image.imread)
 
 
 def test_curves_show_that_only_sqrt_stays_flat(compute):
