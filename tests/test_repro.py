@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from graders.engine.manifest import find
+from graders.engine.manifest import ROOT, find
 from graders.engine.plugin import check_names
 from graders.engine.tape import Handle, Step
 from graders.practice.repro import Writer
@@ -69,6 +69,21 @@ def test_repro_says_what_there_is_to_reproduce(kata_cmd):
     said = kata_cmd("repro", "softmax", "input-not-modified").stderr
     assert "did not fail in your last run" in said and "`matches-reference`" in said
     assert "has no check `nope`" in kata_cmd("repro", "softmax", "nope").stderr
+
+
+def test_a_call_that_draws_random_numbers_draws_the_same_in_the_script(kata_cmd):
+    """sdpa-swap's dropout in train mode: what the reference returns depends on the generators'
+    state, which the script must seed as the kit does before each call (with the grading's seed
+    hashed, as the worker does), or even the reference fails its own script."""
+    file = kata_cmd.workspace / "sdpa_swap.py"
+    file.write_text((ROOT / "tests" / "zoo" / "sdpa-swap" / "hf_eager__manual-path-no-dropout.py").read_text())
+    assert kata_cmd("check", "sdpa-swap", "--seed", "5").returncode == 1
+    run = kata_cmd("repro", "sdpa-swap", "manual-path-dropout")
+    assert run.returncode == 1 and "AssertionError" in run.stderr, run.stdout + run.stderr
+    file.write_text(find("sdpa-swap").reference_path.read_text())
+    script = kata_cmd.workspace / "repro" / "sdpa-swap.manual-path-dropout.py"
+    fixed = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=script.parent)
+    assert fixed.returncode == 0 and "now returns what the check expects" in fixed.stdout, fixed.stderr
 
 
 def test_a_name_the_learners_code_chose_reaches_the_script_as_a_name_only(tmp_path):

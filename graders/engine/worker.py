@@ -458,6 +458,14 @@ class KernelTracer:
         self.ops.append(launch)
 
 
+def drawn_seed(seed) -> int:
+    """What a grading's ``seed`` seeds the learner's random generators with (Worker.seed): hashed
+    into 32 bits, so that what the code can read back says nothing of the seed's range."""
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=4, person=b"kata-seed").digest(), "big")
+
+
 _TRACER = None
 
 
@@ -592,12 +600,11 @@ class Worker:
         same draws, with a value hashed from the grading's seed: what the code can read back
         (NumPy's state, torch.initial_seed()) falls anywhere in 32 bits, whether the seed is a
         self-study one or a class's (whose ranges differ, see classroom.rules)."""
-        import hashlib
         import random
 
         import numpy as np
 
-        seed = int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=4, person=b"kata-seed").digest(), "big")
+        seed = drawn_seed(seed)
         random.seed(seed)
         np.random.seed(seed)
         torch = sys.modules.get("torch")

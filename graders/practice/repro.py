@@ -28,6 +28,7 @@ from ..engine import expect
 from ..engine.manifest import TORCH_FRAMEWORKS, Kata
 from ..engine.plugin import check_names
 from ..engine.tape import Handle, Outcome, Step, Tape, Unknown, index, leaves, load, needed, spread
+from ..engine.worker import drawn_seed
 
 
 class ReproError(Exception):
@@ -223,7 +224,7 @@ class Writer:
                    "(see its message in `kata check`)")
             head[-1:] = ["", f"It asserts nothing: {why}.", '"""']
         triton = kata.framework == "triton"
-        lines = [*head, *(["import os"] if triton else []), "import sys", "from pathlib import Path", "",
+        lines = [*head, *(["import os"] if triton else []), "import random", "import sys", "from pathlib import Path", "",
                  "import numpy as np"]
         if triton:   # as the kit runs it: on Triton's interpreter, set before Triton loads
             lines.append('os.environ.setdefault("TRITON_INTERPRET", "1")   # the kernels run on the CPU, as in `kata check`')
@@ -241,13 +242,14 @@ class Writer:
             lines.append(f"from {kata.module} import {', '.join(functions)}   # your file, {Path(info['file']).name}")
         lines += ["",
                   'DATA = np.load(Path(__file__).with_suffix(".npz"))',
-                  f"SEED = {int(info['seed'])}   # the kit seeds NumPy{' and torch' if self.torch else ''} "
-                  "with it before each call, as reseed() does here"]
+                  f"SEED = {drawn_seed(int(info['seed']))}   # the kit seeds random, NumPy"
+                  f"{' and torch' if self.torch else ''} with it before each call (seed {info['seed']}, hashed), "
+                  "as reseed() does here"]
         if asserted:
             tol = tolerance(kata, want.value, failing) if want.raised is None else {"rtol": 0.0, "atol": 0.0}
             why = "the check's tolerance for this dtype" if tol["rtol"] or tol["atol"] else "exact: integers"
             lines.append(f"RTOL, ATOL = {tol['rtol']!r}, {tol['atol']!r}   # {why}")
-        lines += ["", "", "def reseed():", "    np.random.seed(SEED)"]
+        lines += ["", "", "def reseed():", "    random.seed(SEED)", "    np.random.seed(SEED)"]
         lines += ["    torch.manual_seed(SEED)"] if self.torch else []
         if asserted and want.raised is None:
             lines += ["", SAME.rstrip("\n")] + ([SAME_TORCH.rstrip("\n")] if self.torch else [])
