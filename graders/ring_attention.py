@@ -225,15 +225,17 @@ def test_holds_two_chunks(learner, bugs, kata, rng):
         grown = max(peaks[4]) - max(peaks[2])
         # A ring holds the chunk in hand and the one arriving: at 2 ranks the one in hand is the
         # rank's own (its input), from 3 ranks on a received one, one chunk more; then no more,
-        # whatever the ranks. An all_gather holds 4 chunks at 4 ranks, 2 at 2: two more.
-        limit = 3 * ring.kv_bytes // 2
+        # whatever the ranks. An all_gather holds 4 chunks at 4 ranks, 2 at 2: two more. Between
+        # them, the rest: a k or a v whose send is still pending, pages the allocator keeps (the
+        # reference measured 0.9 to 1.5 chunks more on a loaded machine, gathering bugs 2.1 and 4.1).
+        limit = 7 * ring.kv_bytes // 4
         expect.that(grown <= limit, "A rank's peak memory grows with the number of ranks: it holds more than the "
                     "chunk in hand and the one arriving (every rank's keys and values, gathered or kept).",
                     call="peak memory of each rank's call, as the kernel counts it, at 2 then 4 ranks",
                     case=case, got=f"{max(peaks[2]):,} bytes at 2 ranks, {max(peaks[4]):,} at 4: "
                                    f"{grown / ring.kv_bytes:.1f} chunks of k and v more",
                     expected=f"at most {limit:,} bytes more at 4 ranks (the chunk received before the one arriving, "
-                             "and half a chunk for the rest)",
+                             "and three quarters of a chunk for the rest)",
                     diagnose=lambda: "gathers-all-kv")
     expect.that(not caught, "A rank gathers every rank's keys and values with a collective: each rank then holds "
                 "world_size chunks, the memory the ring exists to save.", call=ring.call, case=case,
