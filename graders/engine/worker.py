@@ -16,6 +16,7 @@ parses every reply strictly and judges only plain data.
 """
 import ctypes
 import errno
+import functools
 import io
 import json
 import os
@@ -466,17 +467,12 @@ def drawn_seed(seed) -> int:
     return int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=4, person=b"kata-seed").digest(), "big")
 
 
-_TRACER = None
-
-
+@functools.cache
 def kernel_tracer() -> KernelTracer:
     """This process's hooks on Triton's interpreter, set once: a second set would wrap the first,
     and see masks the first already cleared (a grader's dry run makes a Worker in the trusted
     process, beside the hooks its references run with)."""
-    global _TRACER
-    if _TRACER is None:
-        _TRACER = KernelTracer()
-    return _TRACER
+    return KernelTracer()
 
 
 # --- the server --------------------------------------------------------------------------------
