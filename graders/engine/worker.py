@@ -16,7 +16,6 @@ parses every reply strictly and judges only plain data.
 """
 import ctypes
 import errno
-import functools
 import io
 import json
 import os
@@ -467,12 +466,17 @@ def drawn_seed(seed) -> int:
     return int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=4, person=b"kata-seed").digest(), "big")
 
 
-@functools.cache
+_TRACER = None
+
+
 def kernel_tracer() -> KernelTracer:
     """This process's hooks on Triton's interpreter, set once: a second set would wrap the first,
     and see masks the first already cleared (a grader's dry run makes a Worker in the trusted
     process, beside the hooks its references run with)."""
-    return KernelTracer()
+    global _TRACER
+    if _TRACER is None:
+        _TRACER = KernelTracer()
+    return _TRACER
 
 
 # --- the server --------------------------------------------------------------------------------
